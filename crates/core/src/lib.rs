@@ -1,1 +1,22 @@
-pub fn x(){}
+//! # prefix-router-core
+//!
+//! The routing core of prefix-router, as plain Rust: no proxy-wasm, no clock,
+//! no randomness (time comes in as an argument, shared state through the
+//! [`load::SharedStore`] trait). The Envoy filter, the simulator and the
+//! benchmarks all run this same code.
+//!
+//! Pipeline: [`extract`] (request body → canonical prompt bytes) →
+//! [`key`] (which prefix is the routing key, hashed with [`hash`]'s chained
+//! xxh3) → [`ring`] (consistent hashing with bounded loads over [`load`]) →
+//! [`router::Decision`].
+
+pub mod config;
+pub mod extract;
+pub mod hash;
+pub mod key;
+pub mod load;
+pub mod ring;
+pub mod router;
+
+pub use config::{Config, ConfigError};
+pub use router::{Decision, FallbackCause, Key, KeySource, RequestHead, Router};

@@ -1,0 +1,612 @@
+//! Filter configuration, in two phases.
+//!
+//! 1. [`RawConfig`]: serde structs mirroring the filter JSON, with
+//!    `deny_unknown_fields` and the documented defaults below.
+//! 2. [`Config`]: the validated, immutable form the router runs on, built by
+//!    [`Config::from_json`] / [`RawConfig::compile`]. Every error is a
+//!    [`ConfigError`] naming the field, the value and the reason, e.g.
+//!    ``field `capacity_factor` = 0.5: must be >= 1``.
+//!
+//! | field | default | meaning |
+//! |---|---|---|
+//! | `hosts` | required | replicas: `address` (`ip:port` as Envoy knows the endpoint), `name` (stable ring identity, default = address), `weight` (default 1) |
+//! | `capacity_factor` | 1.25 | bounded-load factor c: no host above `ceil(c * (total + 1) * w / W)` |
+//! | `vnodes` | 100 | ring points per unit of weight |
+//! | `chunk_bytes` | 64 | chunk size of the chained prefix hash (a 16-token KV block at ~4 bytes/token) |
+//! | `max_body_bytes` | 1048576 | larger bodies are not buffered: fallback `body_too_large` |
+//! | `paths` | the four APIs | handled request paths; the API is recognized by the path's ending |
+//! | `destination_header` | `x-gateway-destination-endpoint` | header read by Envoy's override_host LB policy |
+//! | `decision_header` | none | response header exposing the decision (debugging) |
+//! | `key.mode` | `conversation` | `conversation`: key = prefix through the first user message; `prefix`: key = first `prefix_bytes` bytes |
+//! | `key.prefix_bytes` | 4096 | key length in `prefix` mode, and for `/v1/completions` in either mode |
+//! | `key.session_header` | none | request header whose value, when present, is the key |
+//! | `key.use_user_field` | false | use the body's `user` field, when present, as the key |
+//! | `key.use_cache_salt` | true | mix vLLM's `cache_salt` into the model seed |
+//! | `load.orca_format` | `TEXT` | value of `endpoint-load-metrics-format` added to requests; null: do not ask |
+//! | `load.orca_metrics` | `["num_requests_waiting"]` | ORCA named metrics summed into the reported queue depth |
+//! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
+//! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
+
+use serde::Deserialize;
+use std::fmt;
+use std::net::SocketAddr;
+
+use crate::extract::Api;
+
+/// A validation error: which field, what value, why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// JSON path of the field, e.g. `hosts[1].address`.
+    pub field: String,
+    /// The offending value as written (or a summary).
+    pub value: String,
+    /// Why it is rejected.
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid prefix-router config: field `{}` = {}: {}",
+            self.field, self.value, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(field: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// One replica, as written in the filter JSON.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHost {
+    /// `ip:port` exactly as Envoy knows the endpoint.
+    pub address: String,
+    /// Stable ring identity (default: the address).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Relative capacity (default 1).
+    #[serde(default)]
+    pub weight: Option<f64>,
+}
+
+/// How the routing key is chosen.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    #[serde(default = "d_mode")]
+    pub mode: String,
+    #[serde(default = "d_prefix_bytes")]
+    pub prefix_bytes: u64,
+    #[serde(default)]
+    pub session_header: Option<String>,
+    #[serde(default)]
+    pub use_user_field: bool,
+    #[serde(default = "d_true")]
+    pub use_cache_salt: bool,
+}
+
+impl Default for RawKey {
+    fn default() -> Self {
+        RawKey {
+            mode: d_mode(),
+            prefix_bytes: d_prefix_bytes(),
+            session_header: None,
+            use_user_field: false,
+            use_cache_salt: true,
+        }
+    }
+}
+
+/// Where load reports come from.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLoad {
+    #[serde(default = "d_orca_format")]
+    pub orca_format: Option<String>,
+    #[serde(default = "d_orca_metrics")]
+    pub orca_metrics: Vec<String>,
+    #[serde(default = "d_queue_header")]
+    pub queue_header: Option<String>,
+    #[serde(default = "d_ttl")]
+    pub report_ttl_ms: u64,
+}
+
+impl Default for RawLoad {
+    fn default() -> Self {
+        RawLoad {
+            orca_format: d_orca_format(),
+            orca_metrics: d_orca_metrics(),
+            queue_header: d_queue_header(),
+            report_ttl_ms: d_ttl(),
+        }
+    }
+}
+
+/// The filter JSON.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub hosts: Vec<RawHost>,
+    #[serde(default = "d_capacity")]
+    pub capacity_factor: f64,
+    #[serde(default = "d_vnodes")]
+    pub vnodes: u32,
+    #[serde(default = "d_chunk")]
+    pub chunk_bytes: u32,
+    #[serde(default = "d_max_body")]
+    pub max_body_bytes: u64,
+    #[serde(default = "d_paths")]
+    pub paths: Vec<String>,
+    #[serde(default = "d_dest")]
+    pub destination_header: String,
+    #[serde(default)]
+    pub decision_header: Option<String>,
+    #[serde(default)]
+    pub key: RawKey,
+    #[serde(default)]
+    pub load: RawLoad,
+}
+
+fn d_mode() -> String {
+    "conversation".into()
+}
+fn d_prefix_bytes() -> u64 {
+    4096
+}
+fn d_true() -> bool {
+    true
+}
+fn d_orca_format() -> Option<String> {
+    Some("TEXT".into())
+}
+fn d_orca_metrics() -> Vec<String> {
+    vec!["num_requests_waiting".into()]
+}
+fn d_queue_header() -> Option<String> {
+    Some("x-queue-depth".into())
+}
+fn d_ttl() -> u64 {
+    10_000
+}
+fn d_capacity() -> f64 {
+    1.25
+}
+fn d_vnodes() -> u32 {
+    100
+}
+fn d_chunk() -> u32 {
+    64
+}
+fn d_max_body() -> u64 {
+    1 << 20
+}
+fn d_paths() -> Vec<String> {
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+fn d_dest() -> String {
+    "x-gateway-destination-endpoint".into()
+}
+
+/// A validated replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Host {
+    pub address: String,
+    pub name: String,
+    pub weight: f64,
+}
+
+/// Key mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    /// Prefix through the end of the first user message.
+    Conversation,
+    /// First `prefix_bytes` bytes of the canonical stream.
+    Prefix,
+}
+
+/// Validated key settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyConfig {
+    pub mode: KeyMode,
+    pub prefix_bytes: u64,
+    pub session_header: Option<String>,
+    pub use_user_field: bool,
+    pub use_cache_salt: bool,
+}
+
+/// Format asked of replicas for ORCA reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrcaFormat {
+    Text,
+    Json,
+}
+
+impl OrcaFormat {
+    /// Header value for `endpoint-load-metrics-format`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrcaFormat::Text => "TEXT",
+            OrcaFormat::Json => "JSON",
+        }
+    }
+}
+
+/// Validated load-report settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadConfig {
+    pub orca_format: Option<OrcaFormat>,
+    pub orca_metrics: Vec<String>,
+    pub queue_header: Option<String>,
+    pub report_ttl_ms: u64,
+}
+
+/// The validated, immutable configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub hosts: Vec<Host>,
+    pub capacity_factor: f64,
+    pub vnodes: u32,
+    pub chunk_bytes: usize,
+    pub max_body_bytes: u64,
+    /// Handled paths and their API.
+    pub paths: Vec<(String, Api)>,
+    pub destination_header: String,
+    pub decision_header: Option<String>,
+    pub key: KeyConfig,
+    pub load: LoadConfig,
+}
+
+/// Upper bounds that keep a typo from exhausting a proxy's memory.
+pub const MAX_HOSTS: usize = 4096;
+pub const MAX_VNODES: u32 = 10_000;
+pub const MAX_RING_POINTS: u64 = 2_000_000;
+pub const MAX_BODY_BYTES: u64 = 64 << 20;
+
+fn header_name(field: &str, v: &str) -> Result<String, ConfigError> {
+    let ok = !v.is_empty()
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.!#$%&'*+^`|~".contains(&b));
+    if !ok {
+        return Err(err(field, format!("{v:?}"), "not a valid HTTP header name"));
+    }
+    Ok(v.to_ascii_lowercase())
+}
+
+impl Config {
+    /// Parse and validate filter JSON.
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
+            let msg = e.to_string();
+            // serde names the field in its message ("unknown field `x`",
+            // "missing field `hosts`", "invalid type ... at line"): keep it.
+            let field = msg
+                .split('`')
+                .nth(1)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "<json>".into());
+            err(field, "(see message)", msg)
+        })?;
+        raw.compile()
+    }
+}
+
+impl RawConfig {
+    /// Validate into a [`Config`].
+    pub fn compile(&self) -> Result<Config, ConfigError> {
+        if self.hosts.is_empty() {
+            return Err(err("hosts", "[]", "at least one host is required"));
+        }
+        if self.hosts.len() > MAX_HOSTS {
+            return Err(err(
+                "hosts",
+                format!("{} hosts", self.hosts.len()),
+                format!("at most {MAX_HOSTS}"),
+            ));
+        }
+        let mut hosts = Vec::with_capacity(self.hosts.len());
+        for (i, h) in self.hosts.iter().enumerate() {
+            let f = |s: &str| format!("hosts[{i}].{s}");
+            let addr: SocketAddr = h.address.parse().map_err(|_| {
+                err(
+                    f("address"),
+                    format!("{:?}", h.address),
+                    "must be ip:port as Envoy knows the endpoint (e.g. 10.0.0.5:8000 or [::1]:8000)",
+                )
+            })?;
+            let address = addr.to_string();
+            let name = h.name.clone().unwrap_or_else(|| address.clone());
+            if name.is_empty() {
+                return Err(err(f("name"), "\"\"", "must not be empty"));
+            }
+            let weight = h.weight.unwrap_or(1.0);
+            if !(weight.is_finite() && weight > 0.0 && weight <= 1000.0) {
+                return Err(err(f("weight"), weight, "must be > 0 and <= 1000"));
+            }
+            if hosts.iter().any(|o: &Host| o.address == address) {
+                return Err(err(f("address"), format!("{address:?}"), "duplicate address"));
+            }
+            if hosts.iter().any(|o: &Host| o.name == name) {
+                return Err(err(f("name"), format!("{name:?}"), "duplicate name"));
+            }
+            hosts.push(Host {
+                address,
+                name,
+                weight,
+            });
+        }
+        let c = self.capacity_factor;
+        if !(c.is_finite() && (1.0..=100.0).contains(&c)) {
+            return Err(err(
+                "capacity_factor",
+                c,
+                "must be >= 1 (1 = perfect balance) and <= 100",
+            ));
+        }
+        if self.vnodes == 0 || self.vnodes > MAX_VNODES {
+            return Err(err("vnodes", self.vnodes, format!("must be 1..={MAX_VNODES}")));
+        }
+        let points: f64 = hosts
+            .iter()
+            .map(|h| (f64::from(self.vnodes) * h.weight).round().max(1.0))
+            .sum();
+        if points > MAX_RING_POINTS as f64 {
+            return Err(err(
+                "vnodes",
+                self.vnodes,
+                format!("ring would have {points} points (weights included); at most {MAX_RING_POINTS}"),
+            ));
+        }
+        if !(16..=65536).contains(&self.chunk_bytes) {
+            return Err(err("chunk_bytes", self.chunk_bytes, "must be 16..=65536"));
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_BYTES {
+            return Err(err(
+                "max_body_bytes",
+                self.max_body_bytes,
+                format!("must be 1..={MAX_BODY_BYTES}"),
+            ));
+        }
+        if self.paths.is_empty() {
+            return Err(err("paths", "[]", "at least one path is required"));
+        }
+        let mut paths = Vec::new();
+        for (i, p) in self.paths.iter().enumerate() {
+            if !p.starts_with('/') {
+                return Err(err(format!("paths[{i}]"), format!("{p:?}"), "must start with '/'"));
+            }
+            let api = Api::from_path(p).ok_or_else(|| {
+                err(
+                    format!("paths[{i}]"),
+                    format!("{p:?}"),
+                    "must end with /chat/completions, /completions, /responses or /messages",
+                )
+            })?;
+            paths.push((p.trim_end_matches('/').to_string(), api));
+        }
+        let destination_header = header_name("destination_header", &self.destination_header)?;
+        let decision_header = match &self.decision_header {
+            Some(h) => Some(header_name("decision_header", h)?),
+            None => None,
+        };
+        let mode = match self.key.mode.as_str() {
+            "conversation" => KeyMode::Conversation,
+            "prefix" => KeyMode::Prefix,
+            other => {
+                return Err(err(
+                    "key.mode",
+                    format!("{other:?}"),
+                    "must be \"conversation\" or \"prefix\"",
+                ))
+            }
+        };
+        if self.key.prefix_bytes == 0 || self.key.prefix_bytes > MAX_BODY_BYTES {
+            return Err(err(
+                "key.prefix_bytes",
+                self.key.prefix_bytes,
+                format!("must be 1..={MAX_BODY_BYTES}"),
+            ));
+        }
+        let session_header = match &self.key.session_header {
+            Some(h) => Some(header_name("key.session_header", h)?),
+            None => None,
+        };
+        let orca_format = match self.load.orca_format.as_deref() {
+            None => None,
+            Some(s) if s.eq_ignore_ascii_case("text") => Some(OrcaFormat::Text),
+            Some(s) if s.eq_ignore_ascii_case("json") => Some(OrcaFormat::Json),
+            Some(s) => {
+                return Err(err(
+                    "load.orca_format",
+                    format!("{s:?}"),
+                    "must be \"TEXT\", \"JSON\" or null",
+                ))
+            }
+        };
+        if orca_format.is_some() && self.load.orca_metrics.is_empty() {
+            return Err(err(
+                "load.orca_metrics",
+                "[]",
+                "name at least one ORCA named metric (e.g. num_requests_waiting) or set load.orca_format to null",
+            ));
+        }
+        for (i, m) in self.load.orca_metrics.iter().enumerate() {
+            if m.is_empty() || m.contains([',', '=', ' ']) {
+                return Err(err(
+                    format!("load.orca_metrics[{i}]"),
+                    format!("{m:?}"),
+                    "not a metric name",
+                ));
+            }
+        }
+        let queue_header = match &self.load.queue_header {
+            Some(h) => Some(header_name("load.queue_header", h)?),
+            None => None,
+        };
+        if self.load.report_ttl_ms == 0 || self.load.report_ttl_ms > 3_600_000 {
+            return Err(err(
+                "load.report_ttl_ms",
+                self.load.report_ttl_ms,
+                "must be 1..=3600000",
+            ));
+        }
+        Ok(Config {
+            hosts,
+            capacity_factor: c,
+            vnodes: self.vnodes,
+            chunk_bytes: self.chunk_bytes as usize,
+            max_body_bytes: self.max_body_bytes,
+            paths,
+            destination_header,
+            decision_header,
+            key: KeyConfig {
+                mode,
+                prefix_bytes: self.key.prefix_bytes,
+                session_header,
+                use_user_field: self.key.use_user_field,
+                use_cache_salt: self.key.use_cache_salt,
+            },
+            load: LoadConfig {
+                orca_format,
+                orca_metrics: self.load.orca_metrics.clone(),
+                queue_header,
+                report_ttl_ms: self.load.report_ttl_ms,
+            },
+        })
+    }
+}
+
+impl Config {
+    /// The API of a request path (query string ignored), if handled.
+    pub fn api_for_path(&self, path: &str) -> Option<Api> {
+        let p = path.split(['?', '#']).next().unwrap_or("");
+        let p = p.trim_end_matches('/');
+        self.paths.iter().find(|(h, _)| h == p).map(|(_, a)| *a)
+    }
+
+    /// Index of the host with this address (as `ip:port`).
+    pub fn host_index(&self, address: &str) -> Option<usize> {
+        self.hosts.iter().position(|h| h.address == address)
+    }
+
+    /// A config with these host addresses and defaults elsewhere (tests,
+    /// simulator).
+    pub fn with_hosts(addresses: &[&str]) -> Result<Config, ConfigError> {
+        RawConfig {
+            hosts: addresses
+                .iter()
+                .map(|a| RawHost {
+                    address: a.to_string(),
+                    name: None,
+                    weight: None,
+                })
+                .collect(),
+            ..RawConfig::default_without_hosts()
+        }
+        .compile()
+    }
+}
+
+impl RawConfig {
+    /// Defaults for everything, no hosts.
+    pub fn default_without_hosts() -> RawConfig {
+        RawConfig {
+            hosts: vec![],
+            capacity_factor: d_capacity(),
+            vnodes: d_vnodes(),
+            chunk_bytes: d_chunk(),
+            max_body_bytes: d_max_body(),
+            paths: d_paths(),
+            destination_header: d_dest(),
+            decision_header: None,
+            key: RawKey::default(),
+            load: RawLoad::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn bad(json: &str) -> ConfigError {
+        Config::from_json(json.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:8000"}]}"#).unwrap();
+        assert_eq!(c.capacity_factor, 1.25);
+        assert_eq!(c.vnodes, 100);
+        assert_eq!(c.chunk_bytes, 64);
+        assert_eq!(c.hosts[0].name, "127.0.0.1:8000");
+        assert_eq!(c.key.mode, KeyMode::Conversation);
+        assert_eq!(c.load.orca_format, Some(OrcaFormat::Text));
+        assert_eq!(c.destination_header, "x-gateway-destination-endpoint");
+        assert_eq!(c.api_for_path("/v1/chat/completions?x=1"), Some(Api::ChatCompletions));
+        assert_eq!(c.api_for_path("/v1/embeddings"), None);
+    }
+
+    #[test]
+    fn errors_name_field_value_reason() {
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"capacity_factor":0.5}"#);
+        assert_eq!(e.field, "capacity_factor");
+        assert_eq!(e.value, "0.5");
+        assert!(e.to_string().contains("capacity_factor"));
+        let e = bad(r#"{"hosts":[]}"#);
+        assert_eq!(e.field, "hosts");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"bogus":1}"#);
+        assert_eq!(e.field, "bogus");
+        assert!(e.reason.contains("unknown field"));
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1","port":3}]}"#);
+        assert_eq!(e.field, "port");
+        let e = bad(r#"{}"#);
+        assert_eq!(e.field, "hosts");
+        let e = bad(r#"{"hosts":[{"address":"localhost:80"}]}"#);
+        assert_eq!(e.field, "hosts[0].address");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"},{"address":"127.0.0.1:1"}]}"#);
+        assert_eq!(e.field, "hosts[1].address");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1","weight":0}]}"#);
+        assert_eq!(e.field, "hosts[0].weight");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"key":{"mode":"x"}}"#);
+        assert_eq!(e.field, "key.mode");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"paths":["/v1/embeddings"]}"#);
+        assert_eq!(e.field, "paths[0]");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"destination_header":"bad header"}"#);
+        assert_eq!(e.field, "destination_header");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_format":"BIN"}}"#);
+        assert_eq!(e.field, "load.orca_format");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"vnodes":0}"#);
+        assert_eq!(e.field, "vnodes");
+        let e = bad("not json");
+        assert!(e.to_string().contains("invalid prefix-router config"));
+    }
+
+    #[test]
+    fn ipv6_and_nulls() {
+        let c = Config::from_json(
+            br#"{"hosts":[{"address":"[::1]:8000","weight":2.5,"name":"a"}],"load":{"orca_format":null,"queue_header":null},"decision_header":"X-Decision"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.hosts[0].address, "[::1]:8000");
+        assert_eq!(c.load.orca_format, None);
+        assert_eq!(c.decision_header.as_deref(), Some("x-decision"));
+    }
+}

@@ -1,0 +1,172 @@
+//! The routing key: which prefix of the canonical stream goes on the ring.
+//!
+//! ## Decision
+//! - `conversation` mode (default): the key is the chained hash of the
+//!   canonical stream through the end of the **first user message** (tools,
+//!   system prompt, first user turn). Every later turn of the conversation
+//!   repeats exactly those bytes, so every turn gets the same key even though
+//!   each turn is longer than the last; two conversations that share only a
+//!   (long) system prompt differ in their first user message and get
+//!   different keys, so a popular system prompt does not pile every
+//!   conversation onto one replica. (In the Mooncake conversation trace every
+//!   request shares its first 512-token block: keying on a fixed first chunk
+//!   would send everything to one host.) Requests without message structure
+//!   (`/v1/completions`) use the first `prefix_bytes` bytes.
+//! - `prefix` mode: the key is the first `prefix_bytes` bytes (or the whole
+//!   stream if shorter). Use it when clients put per-user text behind a long
+//!   shared preamble and turns are not in message form. Short first turns
+//!   then get a different key than their longer follow-ups: that is the
+//!   trade-off.
+//! - An explicit session (configured header, or the `user` field when
+//!   `use_user_field` is on) overrides both: `key = xxh3(session, model_seed ^
+//!   SESSION_SEED)`.
+//!
+//! The key of a prompt region is its chained prefix hash
+//! ([`ChunkChain::prefix_hash`]): the same recurrence as the chunk chain, so
+//! the key is `h_k` when the region ends on a chunk boundary. Only the key
+//! region is hashed: bytes after it are not read by the hasher.
+
+use crate::config::KeyMode;
+use crate::extract::PromptSink;
+use crate::hash::ChunkChain;
+
+/// A [`PromptSink`] that computes the routing key.
+#[derive(Debug, Clone)]
+pub struct KeySink {
+    chain: ChunkChain,
+    limit: Option<u64>,
+    use_anchor: bool,
+    key: Option<u64>,
+}
+
+impl KeySink {
+    /// A sink for `mode`; `structured` says whether the API has messages.
+    pub fn new(seed: u64, chunk_bytes: usize, mode: KeyMode, prefix_bytes: u64, structured: bool) -> Self {
+        let (limit, use_anchor) = match (mode, structured) {
+            (KeyMode::Conversation, true) => (None, true),
+            (KeyMode::Conversation, false) | (KeyMode::Prefix, _) => (Some(prefix_bytes), false),
+        };
+        KeySink {
+            chain: ChunkChain::new(seed, chunk_bytes),
+            limit,
+            use_anchor,
+            key: None,
+        }
+    }
+
+    /// The key (the whole stream's prefix hash if no boundary was reached).
+    pub fn key(&self) -> u64 {
+        self.key.unwrap_or_else(|| self.chain.prefix_hash())
+    }
+
+    /// Bytes fed to the hasher.
+    pub fn bytes_hashed(&self) -> u64 {
+        self.chain.bytes()
+    }
+}
+
+impl PromptSink for KeySink {
+    fn write(&mut self, bytes: &[u8]) {
+        if self.key.is_some() {
+            return;
+        }
+        if let Some(limit) = self.limit {
+            let room = limit.saturating_sub(self.chain.bytes());
+            if bytes.len() as u64 >= room {
+                let head = bytes.get(..room as usize).unwrap_or(bytes);
+                self.chain.write(head);
+                self.key = Some(self.chain.prefix_hash());
+                return;
+            }
+        }
+        self.chain.write(bytes);
+    }
+
+    fn anchor(&mut self) {
+        if self.use_anchor && self.key.is_none() {
+            self.key = Some(self.chain.prefix_hash());
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::extract::{extract, Api};
+
+    fn key(mode: KeyMode, api: Api, body: &str) -> (u64, u64) {
+        let mut s = KeySink::new(1, 64, mode, 32, api.structured());
+        extract(api, body.as_bytes(), &mut s).unwrap();
+        (s.key(), s.bytes_hashed())
+    }
+
+    fn chat(system: &str, turns: &[&str]) -> String {
+        let mut msgs = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+        for (i, t) in turns.iter().enumerate() {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            msgs.push(format!(r#"{{"role":"{role}","content":"{t}"}}"#));
+        }
+        format!(r#"{{"model":"m","messages":[{}]}}"#, msgs.join(","))
+    }
+
+    #[test]
+    fn conversation_turns_share_a_key() {
+        let sys = "You are a helpful assistant. ".repeat(40);
+        let t1 = chat(&sys, &["first question"]);
+        let t2 = chat(&sys, &["first question", "answer", "second"]);
+        let t3 = chat(&sys, &["first question", "answer", "second", "a2", "third"]);
+        let k1 = key(KeyMode::Conversation, Api::ChatCompletions, &t1);
+        assert_eq!(k1, key(KeyMode::Conversation, Api::ChatCompletions, &t2));
+        assert_eq!(k1, key(KeyMode::Conversation, Api::ChatCompletions, &t3));
+        // Only the key region was hashed.
+        let (_, full) = {
+            let mut v = Vec::new();
+            extract(Api::ChatCompletions, t3.as_bytes(), &mut v).unwrap();
+            (0, v.len() as u64)
+        };
+        assert!(k1.1 < full);
+    }
+
+    #[test]
+    fn shared_system_prompt_does_not_collapse_conversations() {
+        let sys = "Long shared system prompt. ".repeat(200);
+        let a = chat(&sys, &["question A"]);
+        let b = chat(&sys, &["question B"]);
+        assert_ne!(
+            key(KeyMode::Conversation, Api::ChatCompletions, &a).0,
+            key(KeyMode::Conversation, Api::ChatCompletions, &b).0
+        );
+        // ... which prefix mode with a short prefix does (documented trade-off).
+        assert_eq!(
+            key(KeyMode::Prefix, Api::ChatCompletions, &a).0,
+            key(KeyMode::Prefix, Api::ChatCompletions, &b).0
+        );
+    }
+
+    #[test]
+    fn completions_use_prefix_bytes() {
+        let (a, n) = key(KeyMode::Conversation, Api::Completions, &format!(r#"{{"prompt":"{}"}}"#, "x".repeat(100)));
+        assert_eq!(n, 32);
+        let (b, _) = key(
+            KeyMode::Conversation,
+            Api::Completions,
+            &format!(r#"{{"prompt":"{}yyy"}}"#, "x".repeat(100)),
+        );
+        assert_eq!(a, b);
+        let (c, m) = key(KeyMode::Conversation, Api::Completions, r#"{"prompt":"short"}"#);
+        assert_eq!(m, 5);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn key_equals_chain_recurrence() {
+        // The key of a region is its chained prefix hash.
+        let body = format!(r#"{{"prompt":"{}"}}"#, "z".repeat(200));
+        let mut s = KeySink::new(9, 16, KeyMode::Prefix, 40, false);
+        extract(Api::Completions, body.as_bytes(), &mut s).unwrap();
+        let mut c = ChunkChain::new(9, 16);
+        c.write(&[b'z'; 40]);
+        assert_eq!(s.key(), c.prefix_hash());
+    }
+}

@@ -1,0 +1,397 @@
+//! Host load: the router's own in-flight counts and the queue depth replicas
+//! report.
+//!
+//! ## Effective load
+//! `load_h = max(inflight_h, reported_h)` where `inflight_h` counts the
+//! requests this proxy (all its worker threads) has routed to `h` and not yet
+//! finished, and `reported_h` is the replica's last reported queue depth if
+//! it is younger than `report_ttl_ms` (else 0). The maximum, not the sum:
+//! a replica's report already includes this proxy's requests, while a report
+//! far above our own count means other proxies (or other clients) are loading
+//! it. A host whose report is over the bound is therefore skipped even if our
+//! own count is low. One notion of load feeds the bound, so the ring's
+//! guarantee (some host is always under capacity) still holds.
+//!
+//! ## Reports
+//! - ORCA `endpoint-load-metrics` (what vLLM sends when the request carries
+//!   `endpoint-load-metrics-format`): `TEXT named_metrics.a=1.0, named_metrics.b=2`
+//!   or `JSON {"named_metrics": {"a": 1.0}}`; the configured named metrics are
+//!   summed. Top-level ORCA fields (`rps_fractional`, `cpu_utilization` …) are
+//!   ignored.
+//! - a plain header (e.g. `x-queue-depth: 3`).
+//!
+//! ## Sharing across worker threads
+//! Envoy runs one wasm VM per worker thread. In-flight counts and reports live
+//! in proxy-wasm shared data (process-wide), reached through the small
+//! [`SharedStore`] trait so this module has no proxy-wasm dependency. Counts
+//! are updated with compare-and-swap retry loops: no lost updates.
+
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// Replica-reported load, with the time it was received.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Report {
+    /// Queue depth (sum of the configured metrics).
+    pub queue: f64,
+    /// When it was received (ms, host clock).
+    pub at_ms: u64,
+}
+
+/// What the router knows about one host.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostLoad {
+    /// Requests routed by this proxy and not yet finished.
+    pub inflight: u64,
+    /// Last report, if any.
+    pub report: Option<Report>,
+}
+
+impl HostLoad {
+    /// `max(inflight, fresh reported queue)`.
+    pub fn effective(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+        let reported = match self.report {
+            Some(r) if now_ms.saturating_sub(r.at_ms) <= ttl_ms && r.queue.is_finite() => {
+                r.queue.max(0.0).ceil() as u64
+            }
+            _ => 0,
+        };
+        self.inflight.max(reported)
+    }
+}
+
+/// Why a load report header was not understood.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReportError(pub String);
+
+/// Parse an ORCA `endpoint-load-metrics` value and sum `metrics`.
+/// Returns `Ok(None)` when none of the metrics is present.
+pub fn parse_orca(value: &str, metrics: &[String]) -> Result<Option<f64>, ReportError> {
+    let v = value.trim();
+    if let Some(rest) = strip_prefix_ci(v, "TEXT") {
+        let mut sum = 0.0;
+        let mut any = false;
+        for item in rest.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (k, val) = item
+                .split_once('=')
+                .ok_or_else(|| ReportError(format!("ORCA TEXT item without '=': {item:?}")))?;
+            let Some(name) = k.trim().strip_prefix("named_metrics.") else {
+                continue;
+            };
+            if metrics.iter().any(|m| m == name) {
+                let x: f64 = val
+                    .trim()
+                    .parse()
+                    .map_err(|_| ReportError(format!("ORCA value not a number: {item:?}")))?;
+                sum += x;
+                any = true;
+            }
+        }
+        Ok(any.then_some(sum))
+    } else if let Some(rest) = strip_prefix_ci(v, "JSON") {
+        #[derive(Deserialize)]
+        struct Orca {
+            #[serde(default)]
+            named_metrics: HashMap<String, f64>,
+        }
+        let o: Orca = serde_json::from_str(rest.trim())
+            .map_err(|e| ReportError(format!("ORCA JSON: {e}")))?;
+        let mut sum = 0.0;
+        let mut any = false;
+        for m in metrics {
+            if let Some(x) = o.named_metrics.get(m) {
+                sum += x;
+                any = true;
+            }
+        }
+        Ok(any.then_some(sum))
+    } else {
+        Err(ReportError(format!(
+            "ORCA format not TEXT or JSON (BIN is not supported): {:?}",
+            v.get(..v.len().min(16)).unwrap_or("")
+        )))
+    }
+}
+
+/// Parse a plain queue-depth header.
+pub fn parse_queue_header(value: &str) -> Result<f64, ReportError> {
+    let x: f64 = value
+        .trim()
+        .parse()
+        .map_err(|_| ReportError(format!("queue depth not a number: {value:?}")))?;
+    if !x.is_finite() || x < 0.0 {
+        return Err(ReportError(format!("queue depth out of range: {value:?}")));
+    }
+    Ok(x)
+}
+
+fn strip_prefix_ci<'a>(s: &'a str, p: &str) -> Option<&'a str> {
+    let head = s.get(..p.len())?;
+    if head.eq_ignore_ascii_case(p) {
+        s.get(p.len()..)
+    } else {
+        None
+    }
+}
+
+/// Errors of a [`SharedStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The value changed since it was read (compare-and-swap failed).
+    CasMismatch,
+    /// Anything else the host reported.
+    Other(String),
+}
+
+/// Process-wide key-value store with compare-and-swap (proxy-wasm shared
+/// data in the filter; a mutex map in tests and the simulator).
+pub trait SharedStore {
+    /// Value and its CAS token.
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
+    /// Set `value` if the CAS token still matches (`None`: unconditional).
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
+}
+
+/// Retries of a CAS loop before giving up (contention is between a handful
+/// of worker threads, so this is never reached in practice).
+pub const CAS_RETRIES: usize = 1024;
+
+fn inflight_key(address: &str) -> String {
+    format!("prefix_router/inflight/{address}")
+}
+fn report_key(address: &str) -> String {
+    format!("prefix_router/report/{address}")
+}
+
+fn decode_u64(v: Option<&[u8]>) -> u64 {
+    match v.and_then(|b| <[u8; 8]>::try_from(b).ok()) {
+        Some(a) => u64::from_le_bytes(a),
+        None => 0,
+    }
+}
+
+/// Add `delta` to a host's shared in-flight count (saturating at 0);
+/// returns the new value.
+pub fn add_inflight<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    let key = inflight_key(address);
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(&key)?;
+        let cur = decode_u64(v.as_deref());
+        let new = if delta >= 0 {
+            cur.saturating_add(delta.unsigned_abs())
+        } else {
+            cur.saturating_sub(delta.unsigned_abs())
+        };
+        match store.set(&key, &new.to_le_bytes(), cas) {
+            Ok(()) => return Ok(new),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Other("compare-and-swap retries exhausted".into()))
+}
+
+/// Store a report for a host (last writer wins: a report is a snapshot).
+pub fn store_report<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    r: Report,
+) -> Result<(), StoreError> {
+    let mut b = [0u8; 16];
+    let (q, t) = b.split_at_mut(8);
+    q.copy_from_slice(&r.queue.to_le_bytes());
+    t.copy_from_slice(&r.at_ms.to_le_bytes());
+    store.set(&report_key(address), &b, None)
+}
+
+/// Read one host's load.
+pub fn read_load<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<HostLoad, StoreError> {
+    let (v, _) = store.get(&inflight_key(address))?;
+    let inflight = decode_u64(v.as_deref());
+    let (r, _) = store.get(&report_key(address))?;
+    let report = r.and_then(|b| {
+        let (q, t) = (b.get(..8)?, b.get(8..16)?);
+        Some(Report {
+            queue: f64::from_le_bytes(q.try_into().ok()?),
+            at_ms: u64::from_le_bytes(t.try_into().ok()?),
+        })
+    });
+    Ok(HostLoad { inflight, report })
+}
+
+/// An in-memory [`SharedStore`] (tests, simulator).
+#[derive(Debug, Default)]
+pub struct MemStore {
+    inner: std::sync::Mutex<HashMap<String, (Vec<u8>, u32)>>,
+}
+
+impl SharedStore for MemStore {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        let g = self
+            .inner
+            .lock()
+            .map_err(|_| StoreError::Other("poisoned".into()))?;
+        Ok(match g.get(key) {
+            Some((v, c)) => (Some(v.clone()), Some(*c)),
+            None => (None, None),
+        })
+    }
+    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| StoreError::Other("poisoned".into()))?;
+        let cur = g.get(key).map(|(_, c)| *c);
+        if let Some(c) = cas {
+            if cur != Some(c) {
+                return Err(StoreError::CasMismatch);
+            }
+        }
+        let next = cur.unwrap_or(0).wrapping_add(1).max(1);
+        g.insert(key.to_string(), (value.to_vec(), next));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn m(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn orca_text_and_json() {
+        let ms = m(&["num_requests_waiting"]);
+        assert_eq!(
+            parse_orca(
+                "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3.0",
+                &ms
+            ),
+            Ok(Some(3.0))
+        );
+        assert_eq!(
+            parse_orca(
+                r#"JSON {"named_metrics": {"kv_cache_usage_perc": 0.4, "num_requests_waiting": 7.0}}"#,
+                &ms
+            ),
+            Ok(Some(7.0))
+        );
+        let both = m(&["num_requests_waiting", "num_requests_running"]);
+        assert_eq!(
+            parse_orca(
+                "TEXT named_metrics.num_requests_running=2, named_metrics.num_requests_waiting=3",
+                &both
+            ),
+            Ok(Some(5.0))
+        );
+        assert_eq!(parse_orca("TEXT cpu_utilization=0.3", &ms), Ok(None));
+        assert!(parse_orca("BIN abc", &ms).is_err());
+        assert!(parse_orca("TEXT named_metrics.num_requests_waiting=x", &ms).is_err());
+        assert!(parse_orca("JSON {", &ms).is_err());
+    }
+
+    #[test]
+    fn queue_header() {
+        assert_eq!(parse_queue_header(" 4 "), Ok(4.0));
+        assert!(parse_queue_header("-1").is_err());
+        assert!(parse_queue_header("NaN").is_err());
+        assert!(parse_queue_header("").is_err());
+    }
+
+    #[test]
+    fn effective_load_uses_fresh_reports_only() {
+        let l = HostLoad {
+            inflight: 2,
+            report: Some(Report {
+                queue: 9.2,
+                at_ms: 1000,
+            }),
+        };
+        assert_eq!(l.effective(1500, 1000), 10);
+        assert_eq!(l.effective(2001, 1000), 2);
+        let low = HostLoad {
+            inflight: 5,
+            report: Some(Report { queue: 1.0, at_ms: 0 }),
+        };
+        assert_eq!(low.effective(0, 10), 5);
+    }
+
+    #[test]
+    fn store_round_trip() {
+        let s = MemStore::default();
+        assert_eq!(add_inflight(&s, "a", 1), Ok(1));
+        assert_eq!(add_inflight(&s, "a", 1), Ok(2));
+        assert_eq!(add_inflight(&s, "a", -5), Ok(0));
+        store_report(&s, "a", Report { queue: 3.5, at_ms: 77 }).unwrap();
+        let l = read_load(&s, "a").unwrap();
+        assert_eq!(l.inflight, 0);
+        assert_eq!(l.report, Some(Report { queue: 3.5, at_ms: 77 }));
+        assert_eq!(read_load(&s, "b").unwrap(), HostLoad::default());
+    }
+
+    // wasm32-wasip1 has no threads; the filter's CAS path is exercised by the
+    // single-threaded tests there and by Envoy with --concurrency 2.
+    #[cfg(not(target_family = "wasm"))]
+    #[test]
+    fn cas_loop_loses_no_updates_under_contention() {
+        let s = Arc::new(MemStore::default());
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..2000 {
+                        add_inflight(&*s, "h", 1).unwrap();
+                        add_inflight(&*s, "h", 1).unwrap();
+                        add_inflight(&*s, "h", -1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(read_load(&*s, "h").unwrap().inflight, 8000);
+    }
+
+    /// A store whose first CAS attempts fail, as when another worker wins.
+    struct Flaky {
+        inner: MemStore,
+        fail: std::sync::atomic::AtomicUsize,
+    }
+    impl SharedStore for Flaky {
+        fn get(&self, k: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            self.inner.get(k)
+        }
+        fn set(&self, k: &str, v: &[u8], c: Option<u32>) -> Result<(), StoreError> {
+            use std::sync::atomic::Ordering;
+            if self.fail.load(Ordering::SeqCst) > 0 {
+                self.fail.fetch_sub(1, Ordering::SeqCst);
+                return Err(StoreError::CasMismatch);
+            }
+            self.inner.set(k, v, c)
+        }
+    }
+
+    #[test]
+    fn cas_retries_then_gives_up() {
+        let f = Flaky {
+            inner: MemStore::default(),
+            fail: 3.into(),
+        };
+        assert_eq!(add_inflight(&f, "x", 1), Ok(1));
+        f.fail.store(CAS_RETRIES + 1, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(add_inflight(&f, "x", 1), Err(StoreError::Other(_))));
+    }
+}

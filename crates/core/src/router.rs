@@ -1,0 +1,441 @@
+//! The decision: from a request to a host and a reason.
+//!
+//! [`Router::classify`] runs on request headers (method, path, content type,
+//! length) and says whether the body is worth buffering; [`Router::decide`]
+//! runs on the complete body with each host's current load and returns a
+//! [`Decision`] that metrics, logs and the debug header are driven from.
+//! Neither has a clock or randomness: `now_ms` comes in as an argument.
+
+use std::fmt::Write as _;
+
+use crate::config::Config;
+use crate::extract::{extract, Api, ExtractError};
+use crate::hash;
+use crate::key::KeySink;
+use crate::load::HostLoad;
+use crate::ring::Ring;
+
+/// Why a request was left to Envoy's own load balancing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FallbackCause {
+    /// Path not in `paths`.
+    Path,
+    /// Not a POST.
+    Method,
+    /// Content type present and not JSON.
+    ContentType,
+    /// Headers ended the request: no body.
+    NoBody,
+    /// Body larger than `max_body_bytes`.
+    BodyTooLarge,
+    /// Body is not the JSON this API expects.
+    ParseError,
+    /// Valid body without a prompt.
+    EmptyPrompt,
+    /// A host call failed (body read, shared data); see the log.
+    HostError,
+}
+
+impl FallbackCause {
+    /// All causes (for defining metrics up front).
+    pub const ALL: [FallbackCause; 8] = [
+        FallbackCause::Path,
+        FallbackCause::Method,
+        FallbackCause::ContentType,
+        FallbackCause::NoBody,
+        FallbackCause::BodyTooLarge,
+        FallbackCause::ParseError,
+        FallbackCause::EmptyPrompt,
+        FallbackCause::HostError,
+    ];
+
+    /// Stable name used in metrics, logs and the decision header.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FallbackCause::Path => "path",
+            FallbackCause::Method => "method",
+            FallbackCause::ContentType => "content_type",
+            FallbackCause::NoBody => "no_body",
+            FallbackCause::BodyTooLarge => "body_too_large",
+            FallbackCause::ParseError => "parse_error",
+            FallbackCause::EmptyPrompt => "empty_prompt",
+            FallbackCause::HostError => "host_error",
+        }
+    }
+}
+
+/// Where the key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeySource {
+    /// The prompt prefix.
+    Prompt,
+    /// The configured session header.
+    Session,
+    /// The body's `user` field.
+    User,
+}
+
+impl KeySource {
+    /// All sources.
+    pub const ALL: [KeySource; 3] = [KeySource::Prompt, KeySource::Session, KeySource::User];
+
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::Prompt => "prompt",
+            KeySource::Session => "session",
+            KeySource::User => "user",
+        }
+    }
+}
+
+/// The routing key of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    /// Position on the ring.
+    pub hash: u64,
+    /// Where it came from.
+    pub source: KeySource,
+    /// Prompt bytes hashed to get it (0 for session keys).
+    pub bytes_hashed: u64,
+}
+
+/// What the router decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Send to `host` (index into the config's hosts).
+    Routed {
+        /// Chosen host.
+        host: usize,
+        /// Hosts skipped on the ring walk because they were at capacity
+        /// (0: the key's owner took it, a "ring hit").
+        skipped: u32,
+        /// The key.
+        key: Key,
+    },
+    /// Leave it to Envoy's load balancing.
+    Fallback(FallbackCause),
+}
+
+impl Decision {
+    /// `hit`, `spill` or `fallback`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Decision::Routed { skipped: 0, .. } => "hit",
+            Decision::Routed { .. } => "spill",
+            Decision::Fallback(_) => "fallback",
+        }
+    }
+
+    /// The decision header / log value, e.g.
+    /// `outcome=spill;host=10.0.0.2:8000;source=prompt;skipped=1;key=00ab…;bytes=812`.
+    pub fn describe(&self, cfg: &Config) -> String {
+        let mut s = String::with_capacity(96);
+        match self {
+            Decision::Routed { host, skipped, key } => {
+                let addr = cfg.hosts.get(*host).map(|h| h.address.as_str()).unwrap_or("?");
+                let _ = write!(
+                    s,
+                    "outcome={};host={};source={};skipped={};key={:016x};bytes={}",
+                    self.outcome(),
+                    addr,
+                    key.source.as_str(),
+                    skipped,
+                    key.hash,
+                    key.bytes_hashed
+                );
+            }
+            Decision::Fallback(c) => {
+                let _ = write!(s, "outcome=fallback;cause={}", c.as_str());
+            }
+        }
+        s
+    }
+}
+
+/// Request facts known at header time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestHead<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub content_type: Option<&'a str>,
+    pub content_length: Option<u64>,
+}
+
+/// The routing core: config plus ring.
+#[derive(Debug, Clone)]
+pub struct Router {
+    cfg: Config,
+    ring: Ring,
+}
+
+impl Router {
+    /// Build the ring for a validated config.
+    pub fn new(cfg: Config) -> Router {
+        let ring = Ring::new(
+            cfg.hosts.iter().map(|h| (h.name.as_str(), h.weight)),
+            cfg.vnodes,
+        );
+        Router { cfg, ring }
+    }
+
+    /// The config.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The ring.
+    pub fn ring(&self) -> &Ring {
+        &self.ring
+    }
+
+    /// On request headers: is this a request to route, and for which API?
+    pub fn classify(&self, head: &RequestHead<'_>) -> Result<Api, FallbackCause> {
+        let api = self.cfg.api_for_path(head.path).ok_or(FallbackCause::Path)?;
+        if !head.method.eq_ignore_ascii_case("POST") {
+            return Err(FallbackCause::Method);
+        }
+        if let Some(ct) = head.content_type {
+            if !ct.to_ascii_lowercase().contains("json") {
+                return Err(FallbackCause::ContentType);
+            }
+        }
+        if let Some(n) = head.content_length {
+            if n > self.cfg.max_body_bytes {
+                return Err(FallbackCause::BodyTooLarge);
+            }
+            if n == 0 {
+                return Err(FallbackCause::NoBody);
+            }
+        }
+        Ok(api)
+    }
+
+    /// The routing key of a complete body.
+    pub fn key(&self, api: Api, body: &[u8], session: Option<&str>) -> Result<Key, FallbackCause> {
+        if body.len() as u64 > self.cfg.max_body_bytes {
+            return Err(FallbackCause::BodyTooLarge);
+        }
+        let k = &self.cfg.key;
+        // The model seed is needed before hashing, but the model field may
+        // come after the messages: hash with a provisional seed only if we
+        // must. Instead, extract once into the key sink seeded after a cheap
+        // pre-pass reading just `model` and `cache_salt`.
+        let meta = peek_meta(body)?;
+        let salt = if k.use_cache_salt { meta.cache_salt.as_deref() } else { None };
+        let seed = hash::model_seed(meta.model.as_bytes(), salt.map(str::as_bytes));
+        if let Some(s) = session.filter(|s| !s.is_empty()) {
+            return Ok(Key {
+                hash: hash::session_key(seed, s.as_bytes()),
+                source: KeySource::Session,
+                bytes_hashed: 0,
+            });
+        }
+        let mut sink = KeySink::new(seed, self.cfg.chunk_bytes, k.mode, k.prefix_bytes, api.structured());
+        let m = extract(api, body, &mut sink).map_err(|e| match e {
+            ExtractError::Parse(_) => FallbackCause::ParseError,
+            ExtractError::EmptyPrompt => FallbackCause::EmptyPrompt,
+        })?;
+        if k.use_user_field {
+            if let Some(u) = m.user.as_deref().filter(|u| !u.is_empty()) {
+                return Ok(Key {
+                    hash: hash::session_key(seed, u.as_bytes()),
+                    source: KeySource::User,
+                    bytes_hashed: 0,
+                });
+            }
+        }
+        Ok(Key {
+            hash: sink.key(),
+            source: KeySource::Prompt,
+            bytes_hashed: sink.bytes_hashed(),
+        })
+    }
+
+    /// Place a key given each host's load (indexed like the config's hosts).
+    pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
+        let ttl = self.cfg.load.report_ttl_ms;
+        let eff: Vec<u64> = (0..self.cfg.hosts.len())
+            .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
+            .collect();
+        let eligible = vec![true; eff.len()];
+        match self.ring.place(key.hash, &eff, self.cfg.capacity_factor, &eligible) {
+            Some(p) => Decision::Routed {
+                host: p.host,
+                skipped: p.skipped,
+                key,
+            },
+            None => Decision::Fallback(FallbackCause::HostError),
+        }
+    }
+
+    /// Key and place in one call.
+    pub fn decide(
+        &self,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        loads: &[HostLoad],
+        now_ms: u64,
+    ) -> Decision {
+        match self.key(api, body, session) {
+            Ok(k) => self.place(k, loads, now_ms),
+            Err(c) => Decision::Fallback(c),
+        }
+    }
+}
+
+/// `model` and `cache_salt` only, skipping everything else without
+/// materializing it (serde's `IgnoredAny`).
+fn peek_meta(body: &[u8]) -> Result<Peek<'_>, FallbackCause> {
+    serde_json::from_slice::<Peek<'_>>(body).map_err(|_| FallbackCause::ParseError)
+}
+
+#[derive(serde::Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    model: std::borrow::Cow<'a, str>,
+    #[serde(borrow, default)]
+    cache_salt: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::load::Report;
+
+    fn router(n: usize) -> Router {
+        let addrs: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 18001 + i)).collect();
+        let refs: Vec<&str> = addrs.iter().map(|s| s.as_str()).collect();
+        Router::new(Config::with_hosts(&refs).unwrap())
+    }
+
+    fn chat(first: &str, turns: usize) -> String {
+        let mut m = vec![
+            r#"{"role":"system","content":"sys"}"#.to_string(),
+            format!(r#"{{"role":"user","content":"{first}"}}"#),
+        ];
+        for t in 1..turns {
+            m.push(format!(r#"{{"role":"assistant","content":"a{t}"}}"#));
+            m.push(format!(r#"{{"role":"user","content":"u{t}"}}"#));
+        }
+        format!(r#"{{"model":"m","stream":true,"messages":[{}]}}"#, m.join(","))
+    }
+
+    #[test]
+    fn classify() {
+        let r = router(2);
+        let h = |m, p, ct, cl| RequestHead {
+            method: m,
+            path: p,
+            content_type: ct,
+            content_length: cl,
+        };
+        assert_eq!(
+            r.classify(&h("POST", "/v1/chat/completions", Some("application/json"), Some(10))),
+            Ok(Api::ChatCompletions)
+        );
+        assert_eq!(r.classify(&h("GET", "/v1/chat/completions", None, None)), Err(FallbackCause::Method));
+        assert_eq!(r.classify(&h("POST", "/v1/embeddings", None, None)), Err(FallbackCause::Path));
+        assert_eq!(
+            r.classify(&h("POST", "/v1/completions", Some("text/plain"), None)),
+            Err(FallbackCause::ContentType)
+        );
+        assert_eq!(
+            r.classify(&h("POST", "/v1/completions", None, Some(10 << 20))),
+            Err(FallbackCause::BodyTooLarge)
+        );
+    }
+
+    #[test]
+    fn turns_route_together_when_idle() {
+        let r = router(4);
+        let loads = vec![HostLoad::default(); 4];
+        let d1 = r.decide(Api::ChatCompletions, chat("hello", 1).as_bytes(), None, &loads, 0);
+        let d5 = r.decide(Api::ChatCompletions, chat("hello", 5).as_bytes(), None, &loads, 0);
+        assert_eq!(d1, d5);
+        assert_eq!(d1.outcome(), "hit");
+    }
+
+    #[test]
+    fn model_scopes_keys() {
+        let r = router(4);
+        let a = r.key(Api::ChatCompletions, chat("x", 1).as_bytes(), None).unwrap();
+        let other = chat("x", 1).replace(r#""model":"m""#, r#""model":"n""#);
+        let b = r.key(Api::ChatCompletions, other.as_bytes(), None).unwrap();
+        assert_ne!(a.hash, b.hash);
+        // Field order does not matter: model after messages.
+        let moved = r#"{"messages":[{"role":"system","content":"sys"},{"role":"user","content":"x"}],"stream":true,"model":"m"}"#;
+        assert_eq!(r.key(Api::ChatCompletions, moved.as_bytes(), None).unwrap(), a);
+    }
+
+    #[test]
+    fn session_overrides_prompt() {
+        let r = router(4);
+        let a = r.key(Api::ChatCompletions, chat("x", 1).as_bytes(), Some("s1")).unwrap();
+        let b = r.key(Api::ChatCompletions, chat("y", 3).as_bytes(), Some("s1")).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.source, KeySource::Session);
+    }
+
+    #[test]
+    fn reported_queue_over_bound_spills() {
+        let r = router(4);
+        let body = chat("hello", 1);
+        let idle = vec![HostLoad::default(); 4];
+        let Decision::Routed { host, .. } = r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0) else {
+            panic!()
+        };
+        let mut loads = idle.clone();
+        loads[host].report = Some(Report { queue: 100.0, at_ms: 0 });
+        let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 5);
+        match d {
+            Decision::Routed { host: h2, skipped, .. } => {
+                assert_ne!(h2, host);
+                assert_eq!(skipped, 1);
+                assert_eq!(d.outcome(), "spill");
+            }
+            _ => panic!(),
+        }
+        // The report goes stale and the key comes back.
+        let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 20_000);
+        assert!(matches!(d, Decision::Routed { host: h, skipped: 0, .. } if h == host));
+    }
+
+    #[test]
+    fn fallbacks() {
+        let r = router(2);
+        let l = vec![HostLoad::default(); 2];
+        assert_eq!(
+            r.decide(Api::ChatCompletions, b"{oops", None, &l, 0),
+            Decision::Fallback(FallbackCause::ParseError)
+        );
+        assert_eq!(
+            r.decide(Api::ChatCompletions, br#"{"messages":[]}"#, None, &l, 0),
+            Decision::Fallback(FallbackCause::EmptyPrompt)
+        );
+        assert_eq!(
+            Decision::Fallback(FallbackCause::ParseError).describe(r.config()),
+            "outcome=fallback;cause=parse_error"
+        );
+    }
+
+    #[test]
+    fn describe_routed() {
+        let r = router(2);
+        let d = Decision::Routed {
+            host: 1,
+            skipped: 0,
+            key: Key {
+                hash: 0xab,
+                source: KeySource::Prompt,
+                bytes_hashed: 12,
+            },
+        };
+        assert_eq!(
+            d.describe(r.config()),
+            "outcome=hit;host=127.0.0.1:18002;source=prompt;skipped=0;key=00000000000000ab;bytes=12"
+        );
+    }
+}
