@@ -1,1 +1,27 @@
-pub fn x(){}
+//! # prefix-router (proxy-wasm filter)
+//!
+//! The thin proxy-wasm adapter over [`prefix_router_core`]. It owns no
+//! routing logic: it reads headers and the body through host calls, asks the
+//! core for a [`prefix_router_core::Decision`], writes the destination header
+//! that Envoy's `envoy.load_balancing_policies.override_host` honours, and
+//! keeps load accounting in proxy-wasm shared data.
+//!
+//! - [`host`]: every host call, each returning a `Result` (no SDK method that
+//!   unwraps internally is used), plus the [`prefix_router_core::load::SharedStore`]
+//!   implementation over shared data.
+//! - [`metrics`]: counters defined once per VM, incremented from decisions.
+//! - [`root`]: `on_configure` (two-phase config; bad config → `false`, so
+//!   Envoy rejects it) and the HTTP context factory.
+//! - [`http`]: the per-request state machine.
+
+pub mod host;
+pub mod http;
+pub mod metrics;
+pub mod root;
+
+#[cfg(target_family = "wasm")]
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::Root::default())
+    });
+}}

@@ -1,0 +1,277 @@
+//! Per-request state machine.
+//!
+//! 1. Request headers: strip any client-supplied destination header; let the
+//!    core classify the request (path, method, content type, length). Not
+//!    ours → continue untouched (counted fallback). Ours → ask the replica for
+//!    an ORCA load report and pause to buffer the body.
+//! 2. Request body: buffer until end of stream (or fall back once it exceeds
+//!    `max_body_bytes`), read each host's load from shared data, decide, set
+//!    the destination header, count the request in flight, continue.
+//! 3. Response headers: read the replica's load report (ORCA or plain
+//!    header) for the host that actually served (`upstream.address`); add the
+//!    decision header if configured.
+//! 4. Log / done: the in-flight count is released exactly once.
+
+use std::rc::Rc;
+
+use prefix_router_core::extract::Api;
+use prefix_router_core::load::{self, HostLoad, Report};
+use prefix_router_core::{Decision, FallbackCause, RequestHead};
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action, LogLevel};
+
+use crate::host::{self, SharedData};
+use crate::root::State;
+
+/// ORCA request header asking the replica for a load report.
+pub const ORCA_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
+/// ORCA response header.
+pub const ORCA_HEADER: &str = "endpoint-load-metrics";
+
+/// One request.
+pub struct Http {
+    st: Rc<State>,
+    api: Option<Api>,
+    session: Option<String>,
+    decision: Option<Decision>,
+    /// Body bytes buffered so far.
+    body_size: usize,
+    /// Address whose in-flight count this request holds.
+    inflight: Option<String>,
+}
+
+impl Http {
+    /// A request context over the VM's state.
+    pub fn new(st: Rc<State>) -> Http {
+        Http {
+            st,
+            api: None,
+            session: None,
+            decision: None,
+            body_size: 0,
+            inflight: None,
+        }
+    }
+
+    fn host_error(&self, what: &str, err: impl std::fmt::Debug) {
+        self.st.metrics.inc(self.st.metrics.host_errors, 1);
+        host::log(LogLevel::Warn, &format!("prefix-router: {what}: {err:?}"));
+    }
+
+    fn fallback(&mut self, c: FallbackCause) -> Action {
+        self.api = None;
+        let d = Decision::Fallback(c);
+        self.st.metrics.record(&d);
+        if host::log_enabled(LogLevel::Debug) {
+            host::log(
+                LogLevel::Debug,
+                &format!("prefix-router: {}", d.describe(self.st.router.config())),
+            );
+        }
+        self.decision = Some(d);
+        Action::Continue
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        match host::request_header(name) {
+            Ok(v) => v,
+            Err(e) => {
+                self.host_error(&format!("reading request header {name}"), e);
+                None
+            }
+        }
+    }
+
+    fn decide(&mut self, api: Api, body_size: usize) -> Action {
+        let body = match host::request_body(body_size) {
+            Ok(b) => b,
+            Err(e) => {
+                self.host_error("reading request body", e);
+                return self.fallback(FallbackCause::HostError);
+            }
+        };
+        let cfg = self.st.router.config();
+        let now = match host::now_ms() {
+            Ok(t) => t,
+            Err(e) => {
+                self.host_error("reading the clock", e);
+                0
+            }
+        };
+        let mut loads = Vec::with_capacity(cfg.hosts.len());
+        for h in &cfg.hosts {
+            match load::read_load(&SharedData, &h.address) {
+                Ok(l) => loads.push(l),
+                Err(e) => {
+                    self.host_error("reading shared load", e);
+                    loads.push(HostLoad::default());
+                }
+            }
+        }
+        let d = self
+            .st
+            .router
+            .decide(api, &body, self.session.as_deref(), &loads, now);
+        if let Decision::Routed { host: idx, .. } = d {
+            let Some(h) = cfg.hosts.get(idx) else {
+                return self.fallback(FallbackCause::HostError);
+            };
+            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&h.address)) {
+                self.host_error("setting the destination header", e);
+                return self.fallback(FallbackCause::HostError);
+            }
+            match load::add_inflight(&SharedData, &h.address, 1) {
+                Ok(_) => self.inflight = Some(h.address.clone()),
+                Err(e) => self.host_error("counting in-flight", e),
+            }
+        }
+        self.st.metrics.record(&d);
+        if host::log_enabled(LogLevel::Debug) {
+            host::log(LogLevel::Debug, &format!("prefix-router: {}", d.describe(cfg)));
+        }
+        self.decision = Some(d);
+        self.api = None;
+        Action::Continue
+    }
+
+    fn read_report(&self) {
+        let cfg = self.st.router.config();
+        let served = match host::property_string(&["upstream", "address"]) {
+            Ok(Some(a)) => a,
+            Ok(None) => return,
+            Err(e) => {
+                self.host_error("reading upstream.address", e);
+                return;
+            }
+        };
+        if cfg.host_index(&served).is_none() {
+            return;
+        }
+        let mut queue: Option<f64> = None;
+        if cfg.load.orca_format.is_some() {
+            if let Ok(Some(v)) = host::response_header(ORCA_HEADER) {
+                match load::parse_orca(&v, &cfg.load.orca_metrics) {
+                    Ok(q) => queue = q,
+                    Err(e) => {
+                        self.st.metrics.inc(self.st.metrics.load_report_errors, 1);
+                        host::log(LogLevel::Debug, &format!("prefix-router: {served}: {}", e.0));
+                    }
+                }
+            }
+        }
+        if queue.is_none() {
+            if let Some(name) = &cfg.load.queue_header {
+                if let Ok(Some(v)) = host::response_header(name) {
+                    match load::parse_queue_header(&v) {
+                        Ok(q) => queue = Some(q),
+                        Err(e) => {
+                            self.st.metrics.inc(self.st.metrics.load_report_errors, 1);
+                            host::log(LogLevel::Debug, &format!("prefix-router: {served}: {}", e.0));
+                        }
+                    }
+                }
+            }
+        }
+        let Some(q) = queue else { return };
+        let at_ms = match host::now_ms() {
+            Ok(t) => t,
+            Err(e) => {
+                self.host_error("reading the clock", e);
+                return;
+            }
+        };
+        match load::store_report(&SharedData, &served, Report { queue: q, at_ms }) {
+            Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
+            Err(e) => self.host_error("storing a load report", e),
+        }
+    }
+
+    fn release(&mut self) {
+        if let Some(addr) = self.inflight.take() {
+            if let Err(e) = load::add_inflight(&SharedData, &addr, -1) {
+                self.host_error("releasing in-flight", e);
+            }
+        }
+    }
+}
+
+impl Context for Http {
+    fn on_done(&mut self) -> bool {
+        self.release();
+        true
+    }
+}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let cfg = self.st.router.config();
+        // Never let a client pick the backend, whatever happens next.
+        if let Err(e) = host::set_request_header(&cfg.destination_header, None) {
+            self.host_error("removing the destination header", e);
+        }
+        let method = self.header(":method").unwrap_or_default();
+        let path = self.header(":path").unwrap_or_default();
+        let content_type = self.header("content-type");
+        let content_length = self.header("content-length").and_then(|v| v.trim().parse().ok());
+        let head = RequestHead {
+            method: &method,
+            path: &path,
+            content_type: content_type.as_deref(),
+            content_length,
+        };
+        let api = match self.st.router.classify(&head) {
+            Ok(a) => a,
+            Err(c) => return self.fallback(c),
+        };
+        if end_of_stream {
+            return self.fallback(FallbackCause::NoBody);
+        }
+        if let Some(h) = cfg.key.session_header.clone() {
+            self.session = self.header(&h);
+        }
+        if let Some(f) = cfg.load.orca_format {
+            if let Err(e) = host::set_request_header(ORCA_FORMAT_HEADER, Some(f.as_str())) {
+                self.host_error("asking for an ORCA report", e);
+            }
+        }
+        self.api = Some(api);
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(api) = self.api else {
+            return Action::Continue;
+        };
+        if body_size as u64 > self.st.router.config().max_body_bytes {
+            return self.fallback(FallbackCause::BodyTooLarge);
+        }
+        self.body_size = body_size;
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.decide(api, body_size)
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        // A body that ended with trailers: decide on what was buffered.
+        match self.api {
+            Some(api) if self.body_size > 0 => self.decide(api, self.body_size),
+            Some(_) => self.fallback(FallbackCause::NoBody),
+            None => Action::Continue,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.read_report();
+        if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
+            if let Err(e) = host::add_response_header(h, &d.describe(self.st.router.config())) {
+                self.host_error("adding the decision header", e);
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.release();
+    }
+}

@@ -1,0 +1,105 @@
+//! Counters, defined once per VM and named `prefix_router.*`. Envoy exposes
+//! them with a `wasmcustom.` prefix (Prometheus: `envoy_wasmcustom_prefix_router_*`).
+//!
+//! | name | meaning |
+//! |---|---|
+//! | `prefix_router.routed.hit` | routed to the key's ring owner |
+//! | `prefix_router.routed.spill` | routed past the owner because it was at its load bound |
+//! | `prefix_router.spill_hops` | hosts skipped in total by spills |
+//! | `prefix_router.key.{prompt,session,user}` | where routed keys came from |
+//! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, host_error |
+//! | `prefix_router.bytes_hashed` | prompt bytes hashed for keys |
+//! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
+//! | `prefix_router.host_errors` | host calls that failed (details in the log) |
+//! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
+
+use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
+
+/// Metric ids of this VM (0 = not defined; incrementing it fails quietly).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    hit: u32,
+    spill: u32,
+    spill_hops: u32,
+    key: [u32; 3],
+    fallback: [u32; 8],
+    bytes_hashed: u32,
+    pub load_reports: u32,
+    pub load_report_errors: u32,
+    pub host_errors: u32,
+    per_host: Vec<u32>,
+}
+
+fn def(name: &str) -> u32 {
+    hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
+
+impl Metrics {
+    /// Define every counter for this config.
+    pub fn define(cfg: &Config) -> Metrics {
+        let mut key = [0; 3];
+        for (slot, s) in key.iter_mut().zip(KeySource::ALL) {
+            *slot = def(&format!("prefix_router.key.{}", s.as_str()));
+        }
+        let mut fallback = [0; 8];
+        for (slot, c) in fallback.iter_mut().zip(FallbackCause::ALL) {
+            *slot = def(&format!("prefix_router.fallback.{}", c.as_str()));
+        }
+        Metrics {
+            hit: def("prefix_router.routed.hit"),
+            spill: def("prefix_router.routed.spill"),
+            spill_hops: def("prefix_router.spill_hops"),
+            key,
+            fallback,
+            bytes_hashed: def("prefix_router.bytes_hashed"),
+            load_reports: def("prefix_router.load_reports"),
+            load_report_errors: def("prefix_router.load_report_errors"),
+            host_errors: def("prefix_router.host_errors"),
+            per_host: cfg
+                .hosts
+                .iter()
+                .map(|h| def(&format!("prefix_router.host.{}.routed", sanitize(&h.name))))
+                .collect(),
+        }
+    }
+
+    /// Add to a counter, ignoring failures (a metric must never fail a request).
+    pub fn inc(&self, id: u32, by: u64) {
+        if id != 0 && by > 0 {
+            let _ = hostcalls::increment_metric(id, by.min(i64::MAX as u64) as i64);
+        }
+    }
+
+    /// Count a decision.
+    pub fn record(&self, d: &Decision) {
+        match d {
+            Decision::Routed { host, skipped, key } => {
+                if *skipped == 0 {
+                    self.inc(self.hit, 1);
+                } else {
+                    self.inc(self.spill, 1);
+                    self.inc(self.spill_hops, u64::from(*skipped));
+                }
+                let i = KeySource::ALL.iter().position(|s| s == &key.source).unwrap_or(0);
+                self.inc(self.key.get(i).copied().unwrap_or(0), 1);
+                self.inc(self.bytes_hashed, key.bytes_hashed);
+                self.inc(self.per_host.get(*host).copied().unwrap_or(0), 1);
+            }
+            Decision::Fallback(c) => self.fallback(*c),
+        }
+    }
+
+    /// Count a fallback.
+    pub fn fallback(&self, c: FallbackCause) {
+        let i = FallbackCause::ALL.iter().position(|x| x == &c).unwrap_or(0);
+        self.inc(self.fallback.get(i).copied().unwrap_or(0), 1);
+    }
+}
