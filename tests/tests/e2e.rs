@@ -1,0 +1,461 @@
+//! End-to-end tests: real Envoy 1.40 + the prefix-router .wasm + backend simulators, all on
+//! loopback, each test with its own processes on free ports.
+//!
+//! They need three artifacts and FAIL (never skip) when one is missing:
+//! * Envoy: `$ENVOY_BIN` or `.venv/bin/envoy` (`./build.sh setup`)
+//! * the filter: `target/wasm32-wasip1/release/prefix_router.wasm` (`./build.sh wasm`)
+//! * the backend: `$PREFIX_ROUTER_BACKEND` or `target/native/prefix-router-backend`
+//!   (`./build.sh native`)
+//!
+//! They are `#[ignore]`d so that a plain `cargo test --workspace` (unit tests, run before the
+//! artifacts are built) does not start Envoy; `./build.sh test` runs them with
+//! `cargo test -p prefix-router-lab --test e2e -- --ignored`. They take a process-wide lock so
+//! only one lab runs at a time (2-core CI machine; timing-sensitive assertions).
+
+use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
+use prefix_router_lab::report::side_by_side;
+use prefix_router_lab::workload::{self, chat_body, RequestRecord};
+use prefix_router_lab::{
+    http, paths, prom, BackendOptions, Lab, LabOptions, Result, Workload, WorkloadOptions,
+};
+use serde_json::json;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Unwraps a harness result, failing the test with the harness's message (which names the
+/// missing artifact or includes the process log).
+fn ok<T>(r: Result<T>) -> T {
+    match r {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Fails early and clearly when an artifact is missing.
+fn require_artifacts(need_wasm: bool) {
+    ok(paths::envoy_bin());
+    ok(paths::backend_bin());
+    if need_wasm {
+        ok(paths::filter_wasm());
+    }
+}
+
+fn backend_opts() -> BackendOptions {
+    BackendOptions::default()
+}
+
+fn lab(label: &str, mode: EnvoyMode, filter: FilterConfig) -> Lab {
+    require_artifacts(mode == EnvoyMode::PrefixRouter);
+    ok(Lab::start(&LabOptions {
+        label: label.to_string(),
+        backends: 4,
+        backend: backend_opts(),
+        envoy: Some(EnvoyOptions {
+            mode,
+            filter,
+            ..EnvoyOptions::default()
+        }),
+    }))
+}
+
+/// Sum of the filter's counters whose Prometheus name contains all of `parts`.
+fn filter_counter(lab: &Lab, parts: &[&str]) -> f64 {
+    let samples = ok(ok(lab.envoy()).prometheus());
+    prom::sum_matching(&samples, parts)
+}
+
+fn prefix_router_metrics(lab: &Lab) -> String {
+    let samples = ok(ok(lab.envoy()).prometheus());
+    prom::matching(&samples, &["prefix_router"])
+        .iter()
+        .map(|s| format!("  {}{{{}}} {}", s.name, s.labels, s.value))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// One streaming chat turn: system prompt + one user message.
+fn chat(agent: &ureq::Agent, lab: &Lab, user: &str) -> RequestRecord {
+    let messages = vec![
+        json!({"role": "system", "content": "You are a terse assistant for the e2e tests."}),
+        json!({"role": "user", "content": user}),
+    ];
+    let body = chat_body("sim-llm", &messages, 8);
+    let mut rec = RequestRecord::default();
+    workload::send_streaming(
+        agent,
+        &ok(lab.envoy()).url("/v1/chat/completions"),
+        &body,
+        &[],
+        &mut rec,
+    );
+    rec
+}
+
+// 1. Multi-turn conversations stick to one replica, and the prefix cache pays off.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn stickiness_and_hit_rate_vs_round_robin() {
+    let _g = serial();
+    let workload = Workload::generate(WorkloadOptions {
+        conversations: 50,
+        turns: 6,
+        concurrency: 16,
+        ..WorkloadOptions::default()
+    });
+    let total = workload.total_requests();
+
+    let pr_lab = lab(
+        "e2e-sticky-pr",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Default,
+    );
+    let (_, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
+    drop(pr_lab);
+    let rr_lab = lab(
+        "e2e-sticky-rr",
+        EnvoyMode::RoundRobin,
+        FilterConfig::Default,
+    );
+    let (_, rr) = ok(rr_lab.run_workload(&workload, "round-robin"));
+    drop(rr_lab);
+    eprintln!("{}", side_by_side(&[&pr, &rr]));
+
+    assert_eq!(
+        pr.ok, total,
+        "prefix-router: not every request succeeded\n{pr}"
+    );
+    assert_eq!(
+        rr.ok, total,
+        "round-robin: not every request succeeded\n{rr}"
+    );
+    assert!(
+        pr.majority_share >= 0.98,
+        "only {:.1}% of turns on their conversation's majority replica (want >= 98%)\n{pr}",
+        pr.majority_share * 100.0
+    );
+    let (Some(pr_hit), Some(rr_hit)) = (pr.hit_rate, rr.hit_rate) else {
+        panic!("no prefix-cache hit rate from the backends' /metrics\n{pr}\n{rr}");
+    };
+    assert!(
+        pr_hit >= 3.0 * rr_hit,
+        "prefix-cache hit rate {:.1}% is not >= 3x round robin's {:.1}%",
+        pr_hit * 100.0,
+        rr_hit * 100.0
+    );
+}
+
+// 2. A replica reporting a queue spike stops receiving keyed traffic, then gets it back.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn load_spike_moves_keyed_traffic_away_and_back() {
+    let _g = serial();
+    // Short report TTL so the cleared spike is forgotten quickly (the spiked replica gets no
+    // keyed traffic, so no fresh report can clear it before the TTL).
+    let ttl_ms = 1500;
+    let lab = lab(
+        "e2e-spike",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Patched(json!({"load": {"report_ttl_ms": ttl_ms}})),
+    );
+    // One agent = one connection = one Envoy worker (the filter shares load across workers
+    // anyway, but this keeps the sequence strictly ordered).
+    let agent = http::agent(Duration::from_secs(30));
+    let keys: Vec<String> = (0..16)
+        .map(|i| format!("Spike test conversation {i}: please summarize ticket {i}."))
+        .collect();
+    let mut home = Vec::new();
+    for k in &keys {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "warm-up request failed: {r:?}");
+        home.push(r.backend.clone().unwrap_or_default());
+    }
+    let spiked = home[0].clone();
+    let on_spiked: Vec<&String> = keys
+        .iter()
+        .zip(&home)
+        .filter(|(_, h)| **h == spiked)
+        .map(|(k, _)| k)
+        .collect();
+    eprintln!(
+        "homes: {home:?}; spiking {spiked} ({} keys)",
+        on_spiked.len()
+    );
+
+    ok(ok(lab.backend(&spiked)).set_extra_waiting(100));
+    // One request to the spiked replica brings its (ORCA) report back to the filter.
+    let refresh = chat(&agent, &lab, &keys[0]);
+    assert!(refresh.ok(), "refresh request failed: {refresh:?}");
+    eprintln!(
+        "refresh: backend {:?} decision {:?}",
+        refresh.backend, refresh.decision
+    );
+
+    for k in &on_spiked {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "request during the spike failed: {r:?}");
+        assert_ne!(
+            r.backend.as_deref(),
+            Some(spiked.as_str()),
+            "keyed request still sent to the spiked replica {spiked}: decision {:?}\n{}",
+            r.decision,
+            prefix_router_metrics(&lab)
+        );
+    }
+    for k in &keys {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "request during the spike failed: {r:?}");
+    }
+    assert!(
+        filter_counter(&lab, &["prefix_router", "load_reports"]) > 0.0,
+        "no load report counted\n{}",
+        prefix_router_metrics(&lab)
+    );
+
+    ok(ok(lab.backend(&spiked)).set_extra_waiting(0));
+    std::thread::sleep(Duration::from_millis(ttl_ms + 700));
+    let mut back = 0;
+    for k in &on_spiked {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "request after the spike failed: {r:?}");
+        if r.backend.as_deref() == Some(spiked.as_str()) {
+            back += 1;
+        }
+    }
+    assert_eq!(
+        back,
+        on_spiked.len(),
+        "after clearing the spike (and {ttl_ms} ms TTL) only {back}/{} of {spiked}'s keys went back",
+        on_spiked.len()
+    );
+}
+
+// 3. Requests the filter does not route still reach a backend, and are counted as fallbacks.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn fallbacks_reach_a_backend_and_are_counted() {
+    let _g = serial();
+    let lab = lab(
+        "e2e-fallback",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Default,
+    );
+    let agent = http::agent(Duration::from_secs(60));
+    let envoy = ok(lab.envoy());
+    let fallbacks = || filter_counter(&lab, &["prefix_router", "fallback"]);
+
+    // Bigger than the filter's max_body_bytes (1 MiB) but under the listener's
+    // per_connection_buffer_limit_bytes (2 MiB).
+    let big = chat_body(
+        "sim-llm",
+        &[json!({"role": "user", "content": "x".repeat(1_200_000)})],
+        1,
+    )
+    .replace("\"stream\":true", "\"stream\":false");
+    let chat_url = envoy.url("/v1/chat/completions");
+    type Case<'a> = (&'a str, Box<dyn Fn() -> Result<http::Reply> + 'a>);
+    let cases: Vec<Case> = vec![
+        (
+            "invalid JSON body",
+            Box::new(|| {
+                http::post(
+                    &agent,
+                    &chat_url,
+                    &[],
+                    "{\"model\": \"sim-llm\", \"messages\": [",
+                )
+            }),
+        ),
+        (
+            "body over max_body_bytes",
+            Box::new(|| http::post(&agent, &chat_url, &[], &big)),
+        ),
+        (
+            "GET",
+            Box::new(|| http::get(&agent, &envoy.url("/v1/models"))),
+        ),
+        (
+            "POST to a path the filter does not handle",
+            Box::new(|| {
+                http::post(
+                    &agent,
+                    &envoy.url("/v1/embeddings"),
+                    &[],
+                    "{\"model\": \"sim-llm\", \"input\": \"hello\"}",
+                )
+            }),
+        ),
+    ];
+    for (name, send) in &cases {
+        let before = fallbacks();
+        let r = ok(send());
+        assert!(
+            r.backend().is_some() && r.status < 500,
+            "{name}: no backend answered (status {}, headers {:?}, body {:.300})",
+            r.status,
+            r.headers,
+            r.body
+        );
+        if let Some(d) = r.decision() {
+            assert!(d.contains("fallback"), "{name}: decision header {d}");
+        }
+        let after = fallbacks();
+        assert!(
+            after > before,
+            "{name}: fallback counters did not increase ({before} -> {after}); status {}, \
+             decision {:?}\nprefix_router metrics:\n{}",
+            r.status,
+            r.decision(),
+            prefix_router_metrics(&lab)
+        );
+        eprintln!(
+            "{name}: status {} from {:?}, decision {:?}",
+            r.status,
+            r.backend(),
+            r.decision()
+        );
+    }
+
+    // Above the listener buffer limit Envoy itself answers 413 (documented in envoy.yaml).
+    let huge = format!(
+        "{{\"model\": \"sim-llm\", \"prompt\": \"{}\"}}",
+        "y".repeat(2_300_000)
+    );
+    let r = ok(http::post(&agent, &chat_url, &[], &huge));
+    assert_eq!(
+        r.status, 413,
+        "body over the listener buffer limit: {:?}",
+        r.headers
+    );
+}
+
+// 4. A bad filter configuration keeps Envoy from serving, and the log names the field.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn bad_filter_config_is_refused_and_named() {
+    let _g = serial();
+    require_artifacts(true);
+    let mut lab = ok(Lab::start(&LabOptions {
+        label: "e2e-badconfig".to_string(),
+        backends: 2,
+        backend: backend_opts(),
+        envoy: None,
+    }));
+    let cases = [
+        (
+            "unknown field",
+            json!({"bogus_field_xyz": 1}),
+            "bogus_field_xyz",
+        ),
+        (
+            "capacity_factor 0.5",
+            json!({"capacity_factor": 0.5}),
+            "capacity_factor",
+        ),
+        ("empty hosts", json!({"hosts": []}), "hosts"),
+    ];
+    for (name, patch, field) in cases {
+        let opts = EnvoyOptions {
+            filter: FilterConfig::Patched(patch),
+            ready_timeout: Duration::from_secs(15),
+            ..EnvoyOptions::default()
+        };
+        let envoy = ok(lab.spawn_envoy(&opts));
+        let started = envoy.wait_ready(opts.ready_timeout);
+        let log = envoy.log();
+        assert!(
+            started.is_err(),
+            "{name}: Envoy started and its listener is up despite the bad filter config;\nlog:\n{log}"
+        );
+        let wasm_lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("wasm") || l.contains("Wasm"))
+            .collect();
+        assert!(
+            wasm_lines.iter().any(|l| l.contains(field)),
+            "{name}: no wasm log line names `{field}`; wasm lines:\n{}",
+            wasm_lines.join("\n")
+        );
+        eprintln!(
+            "{name}: refused; {}",
+            wasm_lines
+                .iter()
+                .find(|l| l.contains(field))
+                .copied()
+                .unwrap_or("")
+        );
+        lab.stop_envoy();
+    }
+}
+
+// 5. The filter runs on the v8 runtime.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn filter_runs_on_v8() {
+    let _g = serial();
+    let lab = lab("e2e-v8", EnvoyMode::PrefixRouter, FilterConfig::Default);
+    let agent = http::agent(Duration::from_secs(30));
+    let r = chat(&agent, &lab, "Which runtime is this?");
+    assert!(r.ok(), "chat request failed: {r:?}");
+    assert!(
+        r.decision.is_some(),
+        "no x-prefix-router-decision header: the filter did not handle the request"
+    );
+    let samples = ok(ok(lab.envoy()).prometheus());
+    let v8_active = prom::sum_matching(&samples, &["wasm_runtime_v8", "active"]);
+    assert!(
+        v8_active > 0.0,
+        "no active v8 wasm VM; wasm metrics:\n{:?}",
+        prom::matching(&samples, &["wasm"])
+    );
+    let others: Vec<_> = prom::matching(&samples, &["wasm_runtime_", "active"])
+        .into_iter()
+        .filter(|s| !s.name.contains("runtime_v8") && s.value > 0.0)
+        .collect();
+    assert!(others.is_empty(), "VMs on other runtimes: {others:?}");
+    assert!(
+        filter_counter(&lab, &["prefix_router", "routed"]) > 0.0,
+        "no prefix_router routed counter\n{}",
+        prefix_router_metrics(&lab)
+    );
+}
+
+// 6. A client cannot pick the replica with its own destination header.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn client_destination_header_is_ignored() {
+    let _g = serial();
+    let lab = lab("e2e-strip", EnvoyMode::PrefixRouter, FilterConfig::Default);
+    let agent = http::agent(Duration::from_secs(30));
+    let target = ok(lab.backend("r4")).address();
+    let mut seen = std::collections::BTreeSet::new();
+    // Neither request is routed by the filter (GET; unhandled path), so it sets no destination
+    // header: without the strip, override_host would send every one of them to r4.
+    let hdr = [("x-gateway-destination-endpoint", target.as_str())];
+    for _ in 0..8 {
+        let r = ok(http::get_with(
+            &agent,
+            &ok(lab.envoy()).url("/v1/models"),
+            &hdr,
+        ));
+        assert_eq!(r.status, 200, "GET /v1/models: {r:?}");
+        seen.insert(r.backend().unwrap_or_default().to_string());
+        let r = ok(http::post(
+            &agent,
+            &ok(lab.envoy()).url("/v1/embeddings"),
+            &hdr,
+            "{}",
+        ));
+        assert!(r.backend().is_some(), "POST /v1/embeddings: {r:?}");
+        seen.insert(r.backend().unwrap_or_default().to_string());
+    }
+    assert!(
+        seen.len() >= 2,
+        "every request went to {seen:?}: the client-supplied destination header was honoured"
+    );
+}
