@@ -56,7 +56,11 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-fn err(field: impl Into<String>, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+fn err(
+    field: impl Into<String>,
+    value: impl fmt::Display,
+    reason: impl Into<String>,
+) -> ConfigError {
     ConfigError {
         field: field.into(),
         value: value.to_string(),
@@ -340,7 +344,11 @@ impl RawConfig {
                 return Err(err(f("weight"), weight, "must be > 0 and <= 1000"));
             }
             if hosts.iter().any(|o: &Host| o.address == address) {
-                return Err(err(f("address"), format!("{address:?}"), "duplicate address"));
+                return Err(err(
+                    f("address"),
+                    format!("{address:?}"),
+                    "duplicate address",
+                ));
             }
             if hosts.iter().any(|o: &Host| o.name == name) {
                 return Err(err(f("name"), format!("{name:?}"), "duplicate name"));
@@ -360,7 +368,11 @@ impl RawConfig {
             ));
         }
         if self.vnodes == 0 || self.vnodes > MAX_VNODES {
-            return Err(err("vnodes", self.vnodes, format!("must be 1..={MAX_VNODES}")));
+            return Err(err(
+                "vnodes",
+                self.vnodes,
+                format!("must be 1..={MAX_VNODES}"),
+            ));
         }
         let points: f64 = hosts
             .iter()
@@ -370,7 +382,9 @@ impl RawConfig {
             return Err(err(
                 "vnodes",
                 self.vnodes,
-                format!("ring would have {points} points (weights included); at most {MAX_RING_POINTS}"),
+                format!(
+                    "ring would have {points} points (weights included); at most {MAX_RING_POINTS}"
+                ),
             ));
         }
         if !(16..=65536).contains(&self.chunk_bytes) {
@@ -389,7 +403,11 @@ impl RawConfig {
         let mut paths = Vec::new();
         for (i, p) in self.paths.iter().enumerate() {
             if !p.starts_with('/') {
-                return Err(err(format!("paths[{i}]"), format!("{p:?}"), "must start with '/'"));
+                return Err(err(
+                    format!("paths[{i}]"),
+                    format!("{p:?}"),
+                    "must start with '/'",
+                ));
             }
             let api = Api::from_path(p).ok_or_else(|| {
                 err(
@@ -560,7 +578,10 @@ mod tests {
         assert_eq!(c.key.mode, KeyMode::Conversation);
         assert_eq!(c.load.orca_format, Some(OrcaFormat::Text));
         assert_eq!(c.destination_header, "x-gateway-destination-endpoint");
-        assert_eq!(c.api_for_path("/v1/chat/completions?x=1"), Some(Api::ChatCompletions));
+        assert_eq!(
+            c.api_for_path("/v1/chat/completions?x=1"),
+            Some(Api::ChatCompletions)
+        );
         assert_eq!(c.api_for_path("/v1/embeddings"), None);
     }
 

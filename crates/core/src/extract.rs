@@ -302,7 +302,11 @@ pub fn extract<'a, S: PromptSink>(
                         }
                     }
                     b'n' => {}
-                    _ => return Err(ExtractError::Parse("`input` must be a string or an array".into())),
+                    _ => {
+                        return Err(ExtractError::Parse(
+                            "`input` must be a string or an array".into(),
+                        ))
+                    }
                 },
             }
             RequestMeta {
@@ -739,7 +743,11 @@ mod tests {
             Err(ExtractError::EmptyPrompt)
         ));
         assert!(matches!(
-            extract(Api::ChatCompletions, br#"{"messages":[{"role":"user","content":5}]}"#, &mut v),
+            extract(
+                Api::ChatCompletions,
+                br#"{"messages":[{"role":"user","content":5}]}"#,
+                &mut v
+            ),
             Err(ExtractError::Parse(_))
         ));
         assert!(matches!(
@@ -750,8 +758,14 @@ mod tests {
 
     #[test]
     fn api_from_path() {
-        assert_eq!(Api::from_path("/v1/chat/completions"), Some(Api::ChatCompletions));
-        assert_eq!(Api::from_path("/openai/v1/chat/completions/"), Some(Api::ChatCompletions));
+        assert_eq!(
+            Api::from_path("/v1/chat/completions"),
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(
+            Api::from_path("/openai/v1/chat/completions/"),
+            Some(Api::ChatCompletions)
+        );
         assert_eq!(Api::from_path("/v1/completions"), Some(Api::Completions));
         assert_eq!(Api::from_path("/v1/responses"), Some(Api::Responses));
         assert_eq!(Api::from_path("/v1/messages"), Some(Api::Messages));

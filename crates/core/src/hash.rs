@@ -202,19 +202,25 @@ mod tests {
         c.write(&text);
         assert_eq!(c.prefix_hash(), GOLD_PREFIX);
     }
-    const GOLD_CHAIN: [u64; 3] = [0xcb51_447e_eef5_7b88, 0x83bd_aa49_6696_ed08, 0x68b4_88d4_e560_764a];
+    const GOLD_CHAIN: [u64; 3] = [
+        0xcb51_447e_eef5_7b88,
+        0x83bd_aa49_6696_ed08,
+        0x68b4_88d4_e560_764a,
+    ];
     const GOLD_PREFIX: u64 = 0xe77e_8874_2ec4_c5a8;
 
     #[test]
     fn golden_ring_and_session() {
         assert_eq!(ring_point(b"127.0.0.1:18001", 0), GOLD_RING0);
         assert_eq!(ring_point(b"127.0.0.1:18001", 7), GOLD_RING7);
-        assert_eq!(session_key(model_seed(b"m", None), b"sess-42"), GOLD_SESSION);
+        assert_eq!(
+            session_key(model_seed(b"m", None), b"sess-42"),
+            GOLD_SESSION
+        );
     }
     const GOLD_RING0: u64 = 0xe682_4217_4ee9_c520;
     const GOLD_RING7: u64 = 0xc07f_1d7c_a01b_dc61;
     const GOLD_SESSION: u64 = 0x8df3_9240_bb3e_dc78;
-
 
     proptest! {
         /// The result depends only on the bytes, not on how they were split.

@@ -41,7 +41,13 @@ pub struct KeySink {
 
 impl KeySink {
     /// A sink for `mode`; `structured` says whether the API has messages.
-    pub fn new(seed: u64, chunk_bytes: usize, mode: KeyMode, prefix_bytes: u64, structured: bool) -> Self {
+    pub fn new(
+        seed: u64,
+        chunk_bytes: usize,
+        mode: KeyMode,
+        prefix_bytes: u64,
+        structured: bool,
+    ) -> Self {
         let (limit, use_anchor) = match (mode, structured) {
             (KeyMode::Conversation, true) => (None, true),
             (KeyMode::Conversation, false) | (KeyMode::Prefix, _) => (Some(prefix_bytes), false),
@@ -146,7 +152,11 @@ mod tests {
 
     #[test]
     fn completions_use_prefix_bytes() {
-        let (a, n) = key(KeyMode::Conversation, Api::Completions, &format!(r#"{{"prompt":"{}"}}"#, "x".repeat(100)));
+        let (a, n) = key(
+            KeyMode::Conversation,
+            Api::Completions,
+            &format!(r#"{{"prompt":"{}"}}"#, "x".repeat(100)),
+        );
         assert_eq!(n, 32);
         let (b, _) = key(
             KeyMode::Conversation,
@@ -154,7 +164,11 @@ mod tests {
             &format!(r#"{{"prompt":"{}yyy"}}"#, "x".repeat(100)),
         );
         assert_eq!(a, b);
-        let (c, m) = key(KeyMode::Conversation, Api::Completions, r#"{"prompt":"short"}"#);
+        let (c, m) = key(
+            KeyMode::Conversation,
+            Api::Completions,
+            r#"{"prompt":"short"}"#,
+        );
         assert_eq!(m, 5);
         assert_ne!(a, c);
     }

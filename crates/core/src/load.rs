@@ -196,7 +196,9 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
             Err(e) => return Err(e),
         }
     }
-    Err(StoreError::Other("compare-and-swap retries exhausted".into()))
+    Err(StoreError::Other(
+        "compare-and-swap retries exhausted".into(),
+    ))
 }
 
 /// Store a report for a host (last writer wins: a report is a snapshot).
@@ -213,7 +215,10 @@ pub fn store_report<S: SharedStore + ?Sized>(
 }
 
 /// Read one host's load.
-pub fn read_load<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<HostLoad, StoreError> {
+pub fn read_load<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<HostLoad, StoreError> {
     let (v, _) = store.get(&inflight_key(address))?;
     let inflight = decode_u64(v.as_deref());
     let (r, _) = store.get(&report_key(address))?;
@@ -323,7 +328,10 @@ mod tests {
         assert_eq!(l.effective(2001, 1000), 2);
         let low = HostLoad {
             inflight: 5,
-            report: Some(Report { queue: 1.0, at_ms: 0 }),
+            report: Some(Report {
+                queue: 1.0,
+                at_ms: 0,
+            }),
         };
         assert_eq!(low.effective(0, 10), 5);
     }
@@ -334,10 +342,24 @@ mod tests {
         assert_eq!(add_inflight(&s, "a", 1), Ok(1));
         assert_eq!(add_inflight(&s, "a", 1), Ok(2));
         assert_eq!(add_inflight(&s, "a", -5), Ok(0));
-        store_report(&s, "a", Report { queue: 3.5, at_ms: 77 }).unwrap();
+        store_report(
+            &s,
+            "a",
+            Report {
+                queue: 3.5,
+                at_ms: 77,
+            },
+        )
+        .unwrap();
         let l = read_load(&s, "a").unwrap();
         assert_eq!(l.inflight, 0);
-        assert_eq!(l.report, Some(Report { queue: 3.5, at_ms: 77 }));
+        assert_eq!(
+            l.report,
+            Some(Report {
+                queue: 3.5,
+                at_ms: 77
+            })
+        );
         assert_eq!(read_load(&s, "b").unwrap(), HostLoad::default());
     }
 
@@ -391,7 +413,11 @@ mod tests {
             fail: 3.into(),
         };
         assert_eq!(add_inflight(&f, "x", 1), Ok(1));
-        f.fail.store(CAS_RETRIES + 1, std::sync::atomic::Ordering::SeqCst);
-        assert!(matches!(add_inflight(&f, "x", 1), Err(StoreError::Other(_))));
+        f.fail
+            .store(CAS_RETRIES + 1, std::sync::atomic::Ordering::SeqCst);
+        assert!(matches!(
+            add_inflight(&f, "x", 1),
+            Err(StoreError::Other(_))
+        ));
     }
 }

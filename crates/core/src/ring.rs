@@ -207,7 +207,10 @@ mod tests {
         }
         let mean = total as f64 / n as f64;
         for c in count {
-            assert!((c as f64) < mean * 1.3 && (c as f64) > mean * 0.7, "{c} vs {mean}");
+            assert!(
+                (c as f64) < mean * 1.3 && (c as f64) > mean * 0.7,
+                "{c} vs {mean}"
+            );
         }
     }
 
@@ -228,7 +231,10 @@ mod tests {
         }
         let frac = moved as f64 / total as f64;
         let ideal = 1.0 / (n + 1) as f64;
-        assert!((frac - ideal).abs() < ideal * 0.35, "moved {frac}, ideal {ideal}");
+        assert!(
+            (frac - ideal).abs() < ideal * 0.35,
+            "moved {frac}, ideal {ideal}"
+        );
     }
 
     #[test]
@@ -267,7 +273,10 @@ mod tests {
             }
             let cap = (c * (total as f64 + 1.0) * r.weights[h] / r.total_weight).ceil() as u64;
             if loads[h] < cap {
-                return Placement { host: h, skipped: seen.len() as u32 };
+                return Placement {
+                    host: h,
+                    skipped: seen.len() as u32,
+                };
             }
             seen.push(h);
         }

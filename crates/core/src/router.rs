@@ -133,7 +133,11 @@ impl Decision {
         let mut s = String::with_capacity(96);
         match self {
             Decision::Routed { host, skipped, key } => {
-                let addr = cfg.hosts.get(*host).map(|h| h.address.as_str()).unwrap_or("?");
+                let addr = cfg
+                    .hosts
+                    .get(*host)
+                    .map(|h| h.address.as_str())
+                    .unwrap_or("?");
                 let _ = write!(
                     s,
                     "outcome={};host={};source={};skipped={};key={:016x};bytes={}",
@@ -191,7 +195,10 @@ impl Router {
 
     /// On request headers: is this a request to route, and for which API?
     pub fn classify(&self, head: &RequestHead<'_>) -> Result<Api, FallbackCause> {
-        let api = self.cfg.api_for_path(head.path).ok_or(FallbackCause::Path)?;
+        let api = self
+            .cfg
+            .api_for_path(head.path)
+            .ok_or(FallbackCause::Path)?;
         if !head.method.eq_ignore_ascii_case("POST") {
             return Err(FallbackCause::Method);
         }
@@ -222,7 +229,11 @@ impl Router {
         // must. Instead, extract once into the key sink seeded after a cheap
         // pre-pass reading just `model` and `cache_salt`.
         let meta = peek_meta(body)?;
-        let salt = if k.use_cache_salt { meta.cache_salt.as_deref() } else { None };
+        let salt = if k.use_cache_salt {
+            meta.cache_salt.as_deref()
+        } else {
+            None
+        };
         let seed = hash::model_seed(meta.model.as_bytes(), salt.map(str::as_bytes));
         if let Some(s) = session.filter(|s| !s.is_empty()) {
             return Ok(Key {
@@ -231,7 +242,13 @@ impl Router {
                 bytes_hashed: 0,
             });
         }
-        let mut sink = KeySink::new(seed, self.cfg.chunk_bytes, k.mode, k.prefix_bytes, api.structured());
+        let mut sink = KeySink::new(
+            seed,
+            self.cfg.chunk_bytes,
+            k.mode,
+            k.prefix_bytes,
+            api.structured(),
+        );
         let m = extract(api, body, &mut sink).map_err(|e| match e {
             ExtractError::Parse(_) => FallbackCause::ParseError,
             ExtractError::EmptyPrompt => FallbackCause::EmptyPrompt,
@@ -259,7 +276,10 @@ impl Router {
             .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
             .collect();
         let eligible = vec![true; eff.len()];
-        match self.ring.place(key.hash, &eff, self.cfg.capacity_factor, &eligible) {
+        match self
+            .ring
+            .place(key.hash, &eff, self.cfg.capacity_factor, &eligible)
+        {
             Some(p) => Decision::Routed {
                 host: p.host,
                 skipped: p.skipped,
@@ -320,7 +340,10 @@ mod tests {
             m.push(format!(r#"{{"role":"assistant","content":"a{t}"}}"#));
             m.push(format!(r#"{{"role":"user","content":"u{t}"}}"#));
         }
-        format!(r#"{{"model":"m","stream":true,"messages":[{}]}}"#, m.join(","))
+        format!(
+            r#"{{"model":"m","stream":true,"messages":[{}]}}"#,
+            m.join(",")
+        )
     }
 
     #[test]
@@ -333,11 +356,22 @@ mod tests {
             content_length: cl,
         };
         assert_eq!(
-            r.classify(&h("POST", "/v1/chat/completions", Some("application/json"), Some(10))),
+            r.classify(&h(
+                "POST",
+                "/v1/chat/completions",
+                Some("application/json"),
+                Some(10)
+            )),
             Ok(Api::ChatCompletions)
         );
-        assert_eq!(r.classify(&h("GET", "/v1/chat/completions", None, None)), Err(FallbackCause::Method));
-        assert_eq!(r.classify(&h("POST", "/v1/embeddings", None, None)), Err(FallbackCause::Path));
+        assert_eq!(
+            r.classify(&h("GET", "/v1/chat/completions", None, None)),
+            Err(FallbackCause::Method)
+        );
+        assert_eq!(
+            r.classify(&h("POST", "/v1/embeddings", None, None)),
+            Err(FallbackCause::Path)
+        );
         assert_eq!(
             r.classify(&h("POST", "/v1/completions", Some("text/plain"), None)),
             Err(FallbackCause::ContentType)
@@ -352,8 +386,20 @@ mod tests {
     fn turns_route_together_when_idle() {
         let r = router(4);
         let loads = vec![HostLoad::default(); 4];
-        let d1 = r.decide(Api::ChatCompletions, chat("hello", 1).as_bytes(), None, &loads, 0);
-        let d5 = r.decide(Api::ChatCompletions, chat("hello", 5).as_bytes(), None, &loads, 0);
+        let d1 = r.decide(
+            Api::ChatCompletions,
+            chat("hello", 1).as_bytes(),
+            None,
+            &loads,
+            0,
+        );
+        let d5 = r.decide(
+            Api::ChatCompletions,
+            chat("hello", 5).as_bytes(),
+            None,
+            &loads,
+            0,
+        );
         assert_eq!(d1, d5);
         assert_eq!(d1.outcome(), "hit");
     }
@@ -361,20 +407,29 @@ mod tests {
     #[test]
     fn model_scopes_keys() {
         let r = router(4);
-        let a = r.key(Api::ChatCompletions, chat("x", 1).as_bytes(), None).unwrap();
+        let a = r
+            .key(Api::ChatCompletions, chat("x", 1).as_bytes(), None)
+            .unwrap();
         let other = chat("x", 1).replace(r#""model":"m""#, r#""model":"n""#);
         let b = r.key(Api::ChatCompletions, other.as_bytes(), None).unwrap();
         assert_ne!(a.hash, b.hash);
         // Field order does not matter: model after messages.
         let moved = r#"{"messages":[{"role":"system","content":"sys"},{"role":"user","content":"x"}],"stream":true,"model":"m"}"#;
-        assert_eq!(r.key(Api::ChatCompletions, moved.as_bytes(), None).unwrap(), a);
+        assert_eq!(
+            r.key(Api::ChatCompletions, moved.as_bytes(), None).unwrap(),
+            a
+        );
     }
 
     #[test]
     fn session_overrides_prompt() {
         let r = router(4);
-        let a = r.key(Api::ChatCompletions, chat("x", 1).as_bytes(), Some("s1")).unwrap();
-        let b = r.key(Api::ChatCompletions, chat("y", 3).as_bytes(), Some("s1")).unwrap();
+        let a = r
+            .key(Api::ChatCompletions, chat("x", 1).as_bytes(), Some("s1"))
+            .unwrap();
+        let b = r
+            .key(Api::ChatCompletions, chat("y", 3).as_bytes(), Some("s1"))
+            .unwrap();
         assert_eq!(a, b);
         assert_eq!(a.source, KeySource::Session);
     }
@@ -384,14 +439,21 @@ mod tests {
         let r = router(4);
         let body = chat("hello", 1);
         let idle = vec![HostLoad::default(); 4];
-        let Decision::Routed { host, .. } = r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0) else {
+        let Decision::Routed { host, .. } =
+            r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
+        else {
             panic!()
         };
         let mut loads = idle.clone();
-        loads[host].report = Some(Report { queue: 100.0, at_ms: 0 });
+        loads[host].report = Some(Report {
+            queue: 100.0,
+            at_ms: 0,
+        });
         let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 5);
         match d {
-            Decision::Routed { host: h2, skipped, .. } => {
+            Decision::Routed {
+                host: h2, skipped, ..
+            } => {
                 assert_ne!(h2, host);
                 assert_eq!(skipped, 1);
                 assert_eq!(d.outcome(), "spill");

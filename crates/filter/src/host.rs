@@ -58,8 +58,7 @@ pub fn plugin_configuration() -> Result<Vec<u8>, Status> {
 
 /// A property as a UTF-8 string (e.g. `upstream.address`).
 pub fn property_string(path: &[&str]) -> Result<Option<String>, Status> {
-    Ok(hostcalls::get_property(path.to_vec())?
-        .map(|b| String::from_utf8_lossy(&b).into_owned()))
+    Ok(hostcalls::get_property(path.to_vec())?.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// proxy-wasm shared data: process-wide, shared by every worker's VM.

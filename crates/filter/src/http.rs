@@ -127,7 +127,10 @@ impl Http {
         }
         self.st.metrics.record(&d);
         if host::log_enabled(LogLevel::Debug) {
-            host::log(LogLevel::Debug, &format!("prefix-router: {}", d.describe(cfg)));
+            host::log(
+                LogLevel::Debug,
+                &format!("prefix-router: {}", d.describe(cfg)),
+            );
         }
         self.decision = Some(d);
         self.api = None;
@@ -154,7 +157,10 @@ impl Http {
                     Ok(q) => queue = q,
                     Err(e) => {
                         self.st.metrics.inc(self.st.metrics.load_report_errors, 1);
-                        host::log(LogLevel::Debug, &format!("prefix-router: {served}: {}", e.0));
+                        host::log(
+                            LogLevel::Debug,
+                            &format!("prefix-router: {served}: {}", e.0),
+                        );
                     }
                 }
             }
@@ -166,7 +172,10 @@ impl Http {
                         Ok(q) => queue = Some(q),
                         Err(e) => {
                             self.st.metrics.inc(self.st.metrics.load_report_errors, 1);
-                            host::log(LogLevel::Debug, &format!("prefix-router: {served}: {}", e.0));
+                            host::log(
+                                LogLevel::Debug,
+                                &format!("prefix-router: {served}: {}", e.0),
+                            );
                         }
                     }
                 }
@@ -212,7 +221,9 @@ impl HttpContext for Http {
         let method = self.header(":method").unwrap_or_default();
         let path = self.header(":path").unwrap_or_default();
         let content_type = self.header("content-type");
-        let content_length = self.header("content-length").and_then(|v| v.trim().parse().ok());
+        let content_length = self
+            .header("content-length")
+            .and_then(|v| v.trim().parse().ok());
         let head = RequestHead {
             method: &method,
             path: &path,

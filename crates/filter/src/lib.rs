@@ -19,7 +19,6 @@ pub mod http;
 pub mod metrics;
 pub mod root;
 
-#[cfg(target_family = "wasm")]
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
         Box::new(root::Root::default())

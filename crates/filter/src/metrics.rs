@@ -88,7 +88,10 @@ impl Metrics {
                     self.inc(self.spill, 1);
                     self.inc(self.spill_hops, u64::from(*skipped));
                 }
-                let i = KeySource::ALL.iter().position(|s| s == &key.source).unwrap_or(0);
+                let i = KeySource::ALL
+                    .iter()
+                    .position(|s| s == &key.source)
+                    .unwrap_or(0);
                 self.inc(self.key.get(i).copied().unwrap_or(0), 1);
                 self.inc(self.bytes_hashed, key.bytes_hashed);
                 self.inc(self.per_host.get(*host).copied().unwrap_or(0), 1);

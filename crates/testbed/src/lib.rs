@@ -59,10 +59,13 @@ impl Context for Http {}
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
         if self.panic_mode {
-            let hit = proxy_wasm::hostcalls::get_map_value(MapType::HttpRequestHeaders, "x-testbed-panic")
-                .ok()
-                .flatten()
-                .is_some();
+            let hit = proxy_wasm::hostcalls::get_map_value(
+                MapType::HttpRequestHeaders,
+                "x-testbed-panic",
+            )
+            .ok()
+            .flatten()
+            .is_some();
             #[allow(clippy::panic)]
             if hit {
                 panic!("testbed: panic requested by x-testbed-panic");
@@ -72,7 +75,6 @@ impl HttpContext for Http {
     }
 }
 
-#[cfg(target_family = "wasm")]
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}

@@ -1,0 +1,116 @@
+//! Criterion benches of the routing core (fixed inputs, no randomness):
+//! key extraction + hashing per request size, ring placement per fleet size,
+//! and the full decision. Run: `cargo bench -p prefix-router-core`.
+//! Results and the command that produced them: BENCHMARKS.md.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)]
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use prefix_router_core::extract::Api;
+use prefix_router_core::load::HostLoad;
+use prefix_router_core::{Config, Router};
+use std::hint::black_box;
+
+/// Deterministic text of `n` bytes (splitmix64 stream over a fixed seed).
+fn text(n: usize, seed: u64) -> String {
+    let words = [
+        "the", "cache", "prefix", "token", "replica", "model", "route", "load",
+    ];
+    let mut s = String::with_capacity(n + 8);
+    let mut x = seed;
+    while s.len() < n {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        s.push_str(words[(z % words.len() as u64) as usize]);
+        s.push(' ');
+    }
+    s.truncate(n);
+    s
+}
+
+/// A chat body: system prompt, first user turn, then history up to `total` bytes.
+fn chat_body(total: usize) -> Vec<u8> {
+    let sys = text(2000.min(total / 2), 1);
+    let mut msgs = vec![
+        serde_json::json!({"role": "system", "content": sys}),
+        serde_json::json!({"role": "user", "content": text(200, 2)}),
+    ];
+    let mut i = 3;
+    while serde_json::to_vec(&msgs).map(|v| v.len()).unwrap_or(0) < total {
+        let role = if i % 2 == 1 { "assistant" } else { "user" };
+        msgs.push(serde_json::json!({"role": role, "content": text(1000, i)}));
+        i += 1;
+    }
+    serde_json::to_vec(
+        &serde_json::json!({"model": "llama-3.1-8b", "stream": true, "messages": msgs}),
+    )
+    .unwrap_or_default()
+}
+
+fn router(n: usize) -> Router {
+    let addrs: Vec<String> = (0..n)
+        .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250))
+        .collect();
+    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    match Config::with_hosts(&refs) {
+        Ok(c) => Router::new(c),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn bench_key(c: &mut Criterion) {
+    let r = router(8);
+    let mut g = c.benchmark_group("key");
+    for size in [1_000usize, 16_000, 256_000] {
+        let body = chat_body(size);
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        g.bench_with_input(
+            BenchmarkId::new("chat_conversation", size),
+            &body,
+            |b, body| b.iter(|| r.key(Api::ChatCompletions, black_box(body), None)),
+        );
+    }
+    g.finish();
+}
+
+fn bench_place(c: &mut Criterion) {
+    let mut g = c.benchmark_group("place");
+    for n in [4usize, 16, 64, 256] {
+        let r = router(n);
+        let idle = vec![HostLoad::default(); n];
+        // A loaded fleet: every host but the last few at its bound, so the
+        // walk is long (worst case).
+        let busy: Vec<HostLoad> = (0..n)
+            .map(|i| HostLoad {
+                inflight: if i + 2 < n { 100 } else { 0 },
+                report: None,
+            })
+            .collect();
+        let key = match r.key(Api::ChatCompletions, &chat_body(1000), None) {
+            Ok(k) => k,
+            Err(e) => panic!("{e:?}"),
+        };
+        g.bench_with_input(BenchmarkId::new("idle", n), &idle, |b, l| {
+            b.iter(|| r.place(black_box(key), l, 0))
+        });
+        g.bench_with_input(BenchmarkId::new("saturated", n), &busy, |b, l| {
+            b.iter(|| r.place(black_box(key), l, 0))
+        });
+    }
+    g.finish();
+}
+
+fn bench_ring_build(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ring_build");
+    for n in [16usize, 256] {
+        g.bench_function(BenchmarkId::new("hosts_x100_vnodes", n), |b| {
+            b.iter(|| router(black_box(n)))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_key, bench_place, bench_ring_build);
+criterion_main!(benches);
