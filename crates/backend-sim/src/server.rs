@@ -1,0 +1,945 @@
+//! The server: a scheduler thread owning the [`Replica`], one thread per
+//! connection, and the endpoints.
+//!
+//! ## Threads
+//!
+//! * The **scheduler** thread advances the replica to the current simulated
+//!   time, delivers [`Event`]s to the waiting request threads over channels,
+//!   and sleeps on a condition variable until the replica's next event (or a
+//!   new submission wakes it).
+//! * Each **connection** thread reads requests (keep-alive), submits
+//!   generations to the replica under the shared lock and waits on its
+//!   channel for `FirstToken` / `Done`. Nothing blocks on IO while holding
+//!   the lock. Up to [`MAX_CONNECTIONS`] connections are served at once.
+//!
+//! ## Responses
+//!
+//! Every response carries `x-backend-name`, `x-cached-tokens` (0 outside
+//! generations) and `x-queue-depth` (reported waiting count). When the
+//! request has `endpoint-load-metrics-format: TEXT` or `JSON`, it also
+//! carries the ORCA header `endpoint-load-metrics`, in vLLM's format plus
+//! `num_requests_running`:
+//!
+//! ```text
+//! endpoint-load-metrics: TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3.0, named_metrics.num_requests_running=2.0
+//! endpoint-load-metrics: JSON {"named_metrics": {"kv_cache_usage_perc": 0.4, "num_requests_waiting": 3.0, "num_requests_running": 2.0}}
+//! ```
+//!
+//! Load values are read when the response head is sent: at the first token
+//! for streams, at completion otherwise. The reported waiting count
+//! (`x-queue-depth`, ORCA, `/metrics`) is the real one plus the
+//! `extra_waiting` set by `POST /admin/queue` (a test hook; scheduling is
+//! unaffected).
+//!
+//! ## Metrics (`GET /metrics`, Prometheus text 0.0.4, label `model_name`)
+//!
+//! Gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+//! `vllm:kv_cache_usage_perc` (and the v0 name `vllm:gpu_cache_usage_perc`);
+//! counters `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`
+//! (what vLLM v1's prometheus_client exposes for its `vllm:prefix_cache_*`
+//! counters) plus the same values under the bare names
+//! `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits`;
+//! `vllm:request_success_total{finished_reason="length"}`,
+//! `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`; histograms
+//! `vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`
+//! (simulated seconds, vLLM's buckets). `POST /admin/reset` zeroes the
+//! counters and histograms and drops the unpinned cache.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{self, BufReader};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prefix_router_replica::{Event, Prompt, Replica, ReqId};
+use serde_json::{json, Value};
+
+use crate::cli::Config;
+use crate::http::{self, ReadError, Request, Streaming};
+use crate::openai::{self, Api, ApiError, GenRequest, Meta};
+
+/// Max simultaneously served connections; more get `503` and are closed.
+pub const MAX_CONNECTIONS: usize = 4096;
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const E2E_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+#[derive(Debug, Clone)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            counts: vec![0; bounds.len()],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    fn observe(&mut self, v: f64) {
+        for (b, c) in self.bounds.iter().zip(self.counts.iter_mut()) {
+            if v <= *b {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.count += 1;
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Stats {
+    success: u64,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    ttft: Histogram,
+    e2e: Histogram,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Self {
+            success: 0,
+            prompt_tokens: 0,
+            generation_tokens: 0,
+            ttft: Histogram::new(TTFT_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+        }
+    }
+}
+
+/// A request thread waiting for its events.
+struct Sub {
+    tx: Sender<Event>,
+    t_submit: f64,
+    prompt_tokens: u64,
+    output_tokens: u64,
+}
+
+struct State {
+    replica: Replica,
+    subs: HashMap<ReqId, Sub>,
+    next_id: ReqId,
+    extra_waiting: u64,
+    stats: Stats,
+}
+
+/// Load as reported to clients (waiting includes `extra_waiting`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Load {
+    pub waiting: u64,
+    pub running: u64,
+    pub kv_usage: f64,
+}
+
+/// Python-like float formatting (`3.0`, `0.4`).
+fn pyf(x: f64) -> String {
+    format!("{x:?}")
+}
+
+/// ORCA `endpoint-load-metrics` header value for `format` (`TEXT`/`JSON`,
+/// case-insensitive), or `None` for other formats.
+pub fn orca_header(format: &str, load: &Load) -> Option<String> {
+    let kv = pyf(load.kv_usage);
+    let waiting = pyf(load.waiting as f64);
+    let running = pyf(load.running as f64);
+    if format.trim().eq_ignore_ascii_case("TEXT") {
+        Some(format!(
+            "TEXT named_metrics.kv_cache_usage_perc={kv}, named_metrics.num_requests_waiting={waiting}, named_metrics.num_requests_running={running}"
+        ))
+    } else if format.trim().eq_ignore_ascii_case("JSON") {
+        Some(format!(
+            "JSON {{\"named_metrics\": {{\"kv_cache_usage_perc\": {kv}, \"num_requests_waiting\": {waiting}, \"num_requests_running\": {running}}}}}"
+        ))
+    } else {
+        None
+    }
+}
+
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+struct MetricsSnapshot {
+    load: Load,
+    queries: u64,
+    hits: u64,
+    stats: Stats,
+}
+
+fn render_metrics(model: &str, m: &MetricsSnapshot) -> String {
+    let label = format!("model_name=\"{}\"", escape_label(model));
+    let mut out = String::new();
+    let mut single = |name: &str, kind: &str, help: &str, value: f64| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name}{{{label}}} {}", pyf(value));
+    };
+    single(
+        "vllm:num_requests_running",
+        "gauge",
+        "Number of requests in model execution batches.",
+        m.load.running as f64,
+    );
+    single(
+        "vllm:num_requests_waiting",
+        "gauge",
+        "Number of requests waiting to be processed.",
+        m.load.waiting as f64,
+    );
+    single(
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "KV-cache usage. 1 means 100 percent usage.",
+        m.load.kv_usage,
+    );
+    single(
+        "vllm:gpu_cache_usage_perc",
+        "gauge",
+        "GPU KV-cache usage (vLLM v0 name). 1 means 100 percent usage.",
+        m.load.kv_usage,
+    );
+    single(
+        "vllm:prefix_cache_queries_total",
+        "counter",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        m.queries as f64,
+    );
+    single(
+        "vllm:prefix_cache_queries",
+        "counter",
+        "Same as vllm:prefix_cache_queries_total (name without the _total suffix).",
+        m.queries as f64,
+    );
+    single(
+        "vllm:prefix_cache_hits_total",
+        "counter",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        m.hits as f64,
+    );
+    single(
+        "vllm:prefix_cache_hits",
+        "counter",
+        "Same as vllm:prefix_cache_hits_total (name without the _total suffix).",
+        m.hits as f64,
+    );
+    single(
+        "vllm:prompt_tokens_total",
+        "counter",
+        "Number of prefill tokens processed.",
+        m.stats.prompt_tokens as f64,
+    );
+    single(
+        "vllm:generation_tokens_total",
+        "counter",
+        "Number of generation tokens processed.",
+        m.stats.generation_tokens as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP vllm:request_success_total Count of successfully processed requests."
+    );
+    let _ = writeln!(out, "# TYPE vllm:request_success_total counter");
+    let _ = writeln!(
+        out,
+        "vllm:request_success_total{{finished_reason=\"length\",{label}}} {}",
+        pyf(m.stats.success as f64)
+    );
+    for (name, help, h) in [
+        (
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds (simulated).",
+            &m.stats.ttft,
+        ),
+        (
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds (simulated).",
+            &m.stats.e2e,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        for (b, c) in h.bounds.iter().zip(&h.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{}\",{label}}} {}",
+                pyf(*b),
+                pyf(*c as f64)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{le=\"+Inf\",{label}}} {}",
+            pyf(h.count as f64)
+        );
+        let _ = writeln!(out, "{name}_count{{{label}}} {}", pyf(h.count as f64));
+        let _ = writeln!(out, "{name}_sum{{{label}}} {}", pyf(h.sum));
+    }
+    out
+}
+
+struct Shared {
+    cfg: Config,
+    start: Instant,
+    created: u64,
+    state: Mutex<State>,
+    wake: Condvar,
+    connections: AtomicUsize,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+type Headers = Vec<(String, String)>;
+
+/// Outcome of a handler: keep the connection open?
+type Keep = io::Result<bool>;
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Current simulated time.
+    fn sim_now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64() / self.cfg.time_scale
+    }
+
+    /// Real time from now until simulated time `t` (capped at 1 s).
+    fn real_until(&self, t: f64) -> Duration {
+        let target = Duration::try_from_secs_f64((t * self.cfg.time_scale).max(0.0))
+            .unwrap_or(Duration::from_secs(1));
+        target
+            .saturating_sub(self.start.elapsed())
+            .min(Duration::from_secs(1))
+    }
+
+    fn load(&self, st: &State) -> Load {
+        Load {
+            waiting: (st.replica.num_waiting() as u64).saturating_add(st.extra_waiting),
+            running: st.replica.num_running() as u64,
+            kv_usage: st.replica.kv_usage(),
+        }
+    }
+
+    /// Advance the replica to `now` and deliver events.
+    fn pump(&self, st: &mut State, now: f64) {
+        let events = st.replica.advance(now);
+        let mut gone = Vec::new();
+        for ev in events {
+            let id = ev.req_id();
+            match ev {
+                Event::FirstToken { t, .. } => {
+                    if let Some(sub) = st.subs.get(&id) {
+                        let ttft = t - sub.t_submit;
+                        let prompt_tokens = sub.prompt_tokens;
+                        let delivered = sub.tx.send(ev).is_ok();
+                        st.stats.ttft.observe(ttft);
+                        st.stats.prompt_tokens += prompt_tokens;
+                        if !delivered {
+                            gone.push(id);
+                        }
+                    }
+                }
+                Event::Done { t, .. } => {
+                    if let Some(sub) = st.subs.remove(&id) {
+                        st.stats.success += 1;
+                        st.stats.generation_tokens += sub.output_tokens;
+                        st.stats.e2e.observe(t - sub.t_submit);
+                        let _ = sub.tx.send(ev);
+                    }
+                }
+            }
+        }
+        for id in gone {
+            // The request thread is gone: stop simulating it.
+            if st.subs.remove(&id).is_some() {
+                st.replica.abort(id, now);
+            }
+        }
+    }
+
+    fn abort(&self, id: ReqId) {
+        let mut st = self.lock();
+        let now = self.sim_now();
+        self.pump(&mut st, now);
+        if st.subs.remove(&id).is_some() {
+            st.replica.abort(id, now);
+        }
+        self.wake.notify_one();
+    }
+
+    fn scheduler(&self) {
+        let mut st = self.lock();
+        loop {
+            let now = self.sim_now();
+            self.pump(&mut st, now);
+            let wait = match st.replica.next_event_time() {
+                Some(t) => self.real_until(t),
+                None => Duration::from_secs(1),
+            };
+            if wait.is_zero() {
+                continue;
+            }
+            st = self
+                .wake
+                .wait_timeout(st, wait)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Headers every response carries, with load read now.
+    fn headers(&self, req: Option<&Request>, cached: u64, content_type: &str) -> (Headers, Load) {
+        let load = {
+            let st = self.lock();
+            self.load(&st)
+        };
+        let mut h: Headers = vec![
+            ("content-type".into(), content_type.into()),
+            ("x-backend-name".into(), self.cfg.name.clone()),
+            ("x-cached-tokens".into(), cached.to_string()),
+            ("x-queue-depth".into(), load.waiting.to_string()),
+        ];
+        if let Some(orca) = req
+            .and_then(|r| r.header("endpoint-load-metrics-format"))
+            .and_then(|f| orca_header(f, &load))
+        {
+            h.push(("endpoint-load-metrics".into(), orca));
+        }
+        (h, load)
+    }
+
+    fn respond_json(
+        &self,
+        w: &mut TcpStream,
+        req: Option<&Request>,
+        status: u16,
+        body: &Value,
+        keep: bool,
+    ) -> Keep {
+        let (h, _) = self.headers(req, 0, "application/json");
+        http::write_response(w, status, &h, body.to_string().as_bytes(), keep)?;
+        Ok(keep)
+    }
+
+    fn respond_error(
+        &self,
+        w: &mut TcpStream,
+        req: Option<&Request>,
+        e: &ApiError,
+        keep: bool,
+    ) -> Keep {
+        let (h, _) = self.headers(req, 0, "application/json");
+        http::write_response(w, e.status, &h, e.body().as_bytes(), keep)?;
+        Ok(keep)
+    }
+
+    fn route(&self, req: &Request, w: &mut TcpStream) -> Keep {
+        let keep = req.keep_alive();
+        let method = req.method.as_str();
+        match (method, req.path.as_str()) {
+            ("GET", "/health") => {
+                let (h, _) = self.headers(Some(req), 0, "text/plain");
+                http::write_response(w, 200, &h, b"", keep)?;
+                Ok(keep)
+            }
+            ("GET", "/v1/models") => {
+                let body = json!({
+                    "object": "list",
+                    "data": [{
+                        "id": self.cfg.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "prefix-router-backend",
+                        "root": self.cfg.model,
+                        "parent": null,
+                        "max_model_len": self.cfg.max_model_len,
+                        "permission": [],
+                    }],
+                });
+                self.respond_json(w, Some(req), 200, &body, keep)
+            }
+            ("GET", "/metrics") => {
+                let snap = {
+                    let mut st = self.lock();
+                    let now = self.sim_now();
+                    self.pump(&mut st, now);
+                    MetricsSnapshot {
+                        load: self.load(&st),
+                        queries: st.replica.cache().queries(),
+                        hits: st.replica.cache().hits(),
+                        stats: st.stats.clone(),
+                    }
+                };
+                let body = render_metrics(&self.cfg.model, &snap);
+                let (h, _) = self.headers(Some(req), 0, "text/plain; version=0.0.4; charset=utf-8");
+                http::write_response(w, 200, &h, body.as_bytes(), keep)?;
+                Ok(keep)
+            }
+            ("POST", "/v1/chat/completions") => match openai::parse_chat(&req.body) {
+                Ok(g) => self.generate(req, g, w),
+                Err(e) => self.respond_error(w, Some(req), &e, keep),
+            },
+            ("POST", "/v1/completions") => match openai::parse_completion(&req.body) {
+                Ok(g) => self.generate(req, g, w),
+                Err(e) => self.respond_error(w, Some(req), &e, keep),
+            },
+            ("POST", "/admin/queue") => {
+                let n = serde_json::from_slice::<Value>(&req.body)
+                    .ok()
+                    .and_then(|v| v.get("extra_waiting").and_then(Value::as_u64));
+                match n {
+                    Some(n) => {
+                        self.lock().extra_waiting = n;
+                        self.respond_json(w, Some(req), 200, &json!({ "extra_waiting": n }), keep)
+                    }
+                    None => {
+                        let e = ApiError::bad_request(
+                            "expected a JSON body {\"extra_waiting\": N} with N >= 0",
+                        );
+                        self.respond_error(w, Some(req), &e, keep)
+                    }
+                }
+            }
+            ("POST", "/admin/reset") => {
+                {
+                    let mut st = self.lock();
+                    let now = self.sim_now();
+                    self.pump(&mut st, now);
+                    st.replica.reset_cache();
+                    st.stats = Stats::default();
+                }
+                self.respond_json(w, Some(req), 200, &json!({ "reset": true }), keep)
+            }
+            (
+                _,
+                "/health"
+                | "/v1/models"
+                | "/metrics"
+                | "/v1/chat/completions"
+                | "/v1/completions"
+                | "/admin/queue"
+                | "/admin/reset",
+            ) => {
+                let e = ApiError::new(
+                    405,
+                    "MethodNotAllowed",
+                    format!("method {method} not allowed on {}", req.path),
+                );
+                self.respond_error(w, Some(req), &e, keep)
+            }
+            _ => {
+                let e = ApiError::not_found(format!("no route for {method} {}", req.path));
+                self.respond_error(w, Some(req), &e, keep)
+            }
+        }
+    }
+
+    fn generate(&self, req: &Request, g: GenRequest, w: &mut TcpStream) -> Keep {
+        let keep = req.keep_alive();
+        let prompt = Prompt::from_bytes(&g.prompt, self.cfg.cost.block_tokens);
+        let prompt_tokens = prompt.tokens();
+        let total = prompt_tokens.saturating_add(g.max_tokens);
+        if total > self.cfg.max_model_len {
+            let e = ApiError::bad_request(format!(
+                "This model's maximum context length is {} tokens. However, you requested {total} tokens ({prompt_tokens} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                self.cfg.max_model_len, g.max_tokens
+            ));
+            return self.respond_error(w, Some(req), &e, keep);
+        }
+        let (tx, rx) = mpsc::channel();
+        let id = {
+            let mut st = self.lock();
+            let now = self.sim_now();
+            self.pump(&mut st, now);
+            let id = st.next_id;
+            st.next_id += 1;
+            if let Err(e) = st.replica.submit(id, prompt, g.max_tokens, now) {
+                drop(st);
+                let e = ApiError::new(500, "InternalServerError", e.to_string());
+                return self.respond_error(w, Some(req), &e, keep);
+            }
+            st.subs.insert(
+                id,
+                Sub {
+                    tx,
+                    t_submit: now,
+                    prompt_tokens,
+                    output_tokens: g.max_tokens,
+                },
+            );
+            id
+        };
+        self.wake.notify_one();
+
+        let prefix = match g.api {
+            Api::Chat => "chatcmpl",
+            Api::Completions => "cmpl",
+        };
+        let rid = format!("{prefix}-{}-{id}", self.cfg.name);
+        let meta = Meta {
+            api: g.api,
+            id: &rid,
+            created: unix_now(),
+            model: &self.cfg.model,
+        };
+
+        // Wait for the first token.
+        let cached = loop {
+            match rx.recv() {
+                Ok(Event::FirstToken { cached_tokens, .. }) => break cached_tokens,
+                Ok(Event::Done { .. }) => continue,
+                Err(_) => {
+                    let e = ApiError::new(
+                        500,
+                        "InternalServerError",
+                        "request was dropped by the scheduler",
+                    );
+                    return self.respond_error(w, Some(req), &e, keep);
+                }
+            }
+        };
+        let usage = openai::usage(prompt_tokens, g.max_tokens, cached);
+
+        if !g.stream {
+            if !wait_done(&rx) {
+                let e = ApiError::new(
+                    500,
+                    "InternalServerError",
+                    "request was dropped by the scheduler",
+                );
+                return self.respond_error(w, Some(req), &e, keep);
+            }
+            let body = openai::full_response(&meta, &openai::text_range(0, g.max_tokens), usage);
+            let (h, _) = self.headers(Some(req), cached, "application/json");
+            http::write_response(w, 200, &h, body.to_string().as_bytes(), keep)?;
+            return Ok(keep);
+        }
+
+        match self.stream(req, &g, &meta, cached, usage, &rx, w) {
+            Ok(k) => Ok(k),
+            Err(e) => {
+                self.abort(id);
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn stream(
+        &self,
+        req: &Request,
+        g: &GenRequest,
+        meta: &Meta<'_>,
+        cached: u64,
+        usage: Value,
+        rx: &Receiver<Event>,
+        w: &mut TcpStream,
+    ) -> Keep {
+        let keep = req.keep_alive();
+        let (mut h, load) = self.headers(Some(req), cached, "text/event-stream");
+        h.push(("cache-control".into(), "no-cache".into()));
+        let step = self.cfg.cost.decode_step_time(load.running as usize) * self.cfg.time_scale;
+        let step = Duration::try_from_secs_f64(step.max(0.0)).unwrap_or(Duration::ZERO);
+        let n = g.max_tokens;
+        let mut s = Streaming::start(w, 200, &h, req.minor >= 1, keep)?;
+        let mut first = Vec::new();
+        if g.api == Api::Chat {
+            first.extend(openai::sse(&openai::chunk(
+                meta,
+                "",
+                true,
+                None,
+                g.include_usage,
+            )));
+        }
+        first.extend(openai::sse(&openai::chunk(
+            meta,
+            &openai::token_text(0),
+            false,
+            None,
+            g.include_usage,
+        )));
+        s.send(&first)?;
+        let mut emitted = 1u64;
+        // Pace tokens at the expected decode step; never emit the last one
+        // before the replica says Done.
+        loop {
+            let ev = if emitted + 1 < n && !step.is_zero() {
+                rx.recv_timeout(step)
+            } else {
+                rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            };
+            match ev {
+                Ok(Event::Done { .. }) => break,
+                Ok(Event::FirstToken { .. }) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    s.send(&openai::sse(&openai::chunk(
+                        meta,
+                        &openai::token_text(emitted),
+                        false,
+                        None,
+                        g.include_usage,
+                    )))?;
+                    emitted += 1;
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(io::Error::other("request dropped by the scheduler"));
+                }
+            }
+        }
+        let mut rest = Vec::new();
+        for i in emitted..n {
+            rest.extend(openai::sse(&openai::chunk(
+                meta,
+                &openai::token_text(i),
+                false,
+                None,
+                g.include_usage,
+            )));
+        }
+        rest.extend(openai::sse(&openai::chunk(
+            meta,
+            "",
+            false,
+            Some("length"),
+            g.include_usage,
+        )));
+        if g.include_usage {
+            rest.extend(openai::sse(&openai::usage_chunk(meta, usage)));
+        }
+        rest.extend_from_slice(openai::SSE_DONE);
+        s.send(&rest)?;
+        s.finish()?;
+        Ok(keep && req.minor >= 1)
+    }
+
+    fn serve_connection(&self, stream: TcpStream) {
+        let _ = stream.set_nodelay(true);
+        let Ok(read_half) = stream.try_clone() else {
+            return;
+        };
+        let mut reader = BufReader::new(read_half);
+        let mut w = stream;
+        loop {
+            let req = match http::read_request(&mut reader, &mut w) {
+                Ok(r) => r,
+                Err(ReadError::Closed | ReadError::Io(_)) => return,
+                Err(ReadError::Bad(msg)) => {
+                    let _ = self.respond_error(&mut w, None, &ApiError::bad_request(msg), false);
+                    return;
+                }
+                Err(ReadError::TooLarge(what)) => {
+                    let _ = self.respond_error(
+                        &mut w,
+                        None,
+                        &ApiError::new(413, "PayloadTooLarge", what),
+                        false,
+                    );
+                    return;
+                }
+            };
+            match self.route(&req, &mut w) {
+                Ok(true) => continue,
+                _ => return,
+            }
+        }
+    }
+}
+
+fn wait_done(rx: &Receiver<Event>) -> bool {
+    loop {
+        match rx.recv() {
+            Ok(Event::Done { .. }) => return true,
+            Ok(Event::FirstToken { .. }) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+}
+
+/// A server running on background threads (for in-process use).
+#[derive(Debug, Clone, Copy)]
+pub struct ServerHandle {
+    pub addr: SocketAddr,
+}
+
+impl Server {
+    /// Bind `cfg.listen` and set up the replica.
+    pub fn bind(cfg: Config) -> io::Result<Server> {
+        if !(cfg.time_scale > 0.0 && cfg.time_scale.is_finite()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "time_scale must be > 0",
+            ));
+        }
+        let listener = TcpListener::bind(&cfg.listen)?;
+        let replica = Replica::new(cfg.cost.clone());
+        let shared = Arc::new(Shared {
+            start: Instant::now(),
+            created: unix_now(),
+            state: Mutex::new(State {
+                replica,
+                subs: HashMap::new(),
+                next_id: 1,
+                extra_waiting: 0,
+                stats: Stats::default(),
+            }),
+            wake: Condvar::new(),
+            connections: AtomicUsize::new(0),
+            cfg,
+        });
+        Ok(Server { listener, shared })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serve forever on the current thread.
+    pub fn run(self) -> io::Result<()> {
+        let sched = Arc::clone(&self.shared);
+        thread::Builder::new()
+            .name("scheduler".into())
+            .spawn(move || sched.scheduler())?;
+        for conn in self.listener.incoming() {
+            match conn {
+                Ok(stream) => self.accept(stream),
+                Err(e) => {
+                    eprintln!("accept failed: {e}");
+                    thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Serve on background threads.
+    pub fn spawn(self) -> io::Result<ServerHandle> {
+        let addr = self.local_addr()?;
+        thread::Builder::new()
+            .name("acceptor".into())
+            .spawn(move || {
+                if let Err(e) = self.run() {
+                    eprintln!("server stopped: {e}");
+                }
+            })?;
+        Ok(ServerHandle { addr })
+    }
+
+    fn accept(&self, mut stream: TcpStream) {
+        let shared = Arc::clone(&self.shared);
+        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            let e = ApiError::new(503, "ServiceUnavailable", "too many connections");
+            let _ = shared.respond_error(&mut stream, None, &e, false);
+            return;
+        }
+        let worker = Arc::clone(&shared);
+        let spawned = thread::Builder::new()
+            .name("conn".into())
+            .stack_size(512 * 1024)
+            .spawn(move || {
+                worker.serve_connection(stream);
+                worker.connections.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            shared.connections.fetch_sub(1, Ordering::SeqCst);
+            eprintln!("cannot spawn connection thread: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orca_formats() {
+        let load = Load {
+            waiting: 3,
+            running: 2,
+            kv_usage: 0.4,
+        };
+        assert_eq!(
+            orca_header("TEXT", &load).unwrap(),
+            "TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=3.0, named_metrics.num_requests_running=2.0"
+        );
+        let json = orca_header("json", &load).unwrap();
+        assert_eq!(
+            json,
+            "JSON {\"named_metrics\": {\"kv_cache_usage_perc\": 0.4, \"num_requests_waiting\": 3.0, \"num_requests_running\": 2.0}}"
+        );
+        let v: Value = serde_json::from_str(json.strip_prefix("JSON ").unwrap()).unwrap();
+        assert_eq!(v["named_metrics"]["num_requests_waiting"], 3.0);
+        assert!(orca_header("PROTO", &load).is_none());
+    }
+
+    #[test]
+    fn metrics_text() {
+        let mut stats = Stats::default();
+        stats.ttft.observe(0.05);
+        stats.success = 7;
+        let text = render_metrics(
+            "m\"x",
+            &MetricsSnapshot {
+                load: Load {
+                    waiting: 5,
+                    running: 2,
+                    kv_usage: 0.25,
+                },
+                queries: 100,
+                hits: 40,
+                stats,
+            },
+        );
+        for line in [
+            "vllm:num_requests_waiting{model_name=\"m\\\"x\"} 5.0",
+            "vllm:num_requests_running{model_name=\"m\\\"x\"} 2.0",
+            "vllm:kv_cache_usage_perc{model_name=\"m\\\"x\"} 0.25",
+            "vllm:prefix_cache_queries_total{model_name=\"m\\\"x\"} 100.0",
+            "vllm:prefix_cache_queries{model_name=\"m\\\"x\"} 100.0",
+            "vllm:prefix_cache_hits_total{model_name=\"m\\\"x\"} 40.0",
+            "vllm:prefix_cache_hits{model_name=\"m\\\"x\"} 40.0",
+            "vllm:request_success_total{finished_reason=\"length\",model_name=\"m\\\"x\"} 7.0",
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.04\",model_name=\"m\\\"x\"} 0.0",
+            "vllm:time_to_first_token_seconds_bucket{le=\"0.06\",model_name=\"m\\\"x\"} 1.0",
+            "vllm:time_to_first_token_seconds_count{model_name=\"m\\\"x\"} 1.0",
+            "# TYPE vllm:prefix_cache_hits_total counter",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+}
