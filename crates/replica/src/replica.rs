@@ -49,10 +49,8 @@
 //! fixed order (decode completions before a prefill completion, decode
 //! completions in admission order).
 
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
-use std::hash::BuildHasherDefault;
 
 use crate::cache::PrefixCache;
 use crate::cost::CostModel;
@@ -148,7 +146,8 @@ struct Req {
     phase: Phase,
 }
 
-type ReqMap = HashMap<ReqId, Req, BuildHasherDefault<DefaultHasher>>;
+/// Live requests by id (ordered map: no hasher, deterministic).
+type ReqMap = BTreeMap<ReqId, Req>;
 
 /// One model-server replica. See the module docs.
 #[derive(Debug, Clone)]
