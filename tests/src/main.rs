@@ -5,7 +5,7 @@
 //!                        [--cache-tokens N] [--seed N]
 //! ```
 
-use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions};
+use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
 use prefix_router_lab::report::side_by_side;
 use prefix_router_lab::{BackendOptions, Lab, LabOptions, Report, Workload, WorkloadOptions};
 use std::process::ExitCode;
@@ -24,6 +24,8 @@ options:
   --time-scale X      backend --time-scale (default 0.2; smaller = faster)
   --cache-tokens N    backend KV-cache capacity in tokens (default 8192)
   --seed N            workload seed (default 42)
+  --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
+                      '{\"capacity_factor\": 2.0}' (default: none)
 
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
 target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
@@ -33,12 +35,14 @@ target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps
 struct DemoArgs {
     workload: WorkloadOptions,
     backend: BackendOptions,
+    filter: FilterConfig,
 }
 
 fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
     let mut d = DemoArgs {
         workload: WorkloadOptions::default(),
         backend: BackendOptions::default(),
+        filter: FilterConfig::Default,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -73,6 +77,12 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                 let v = value()?;
                 d.backend.cache_tokens = v.parse().map_err(|_| bad(&v))?;
             }
+            "--filter-patch" => {
+                let v = value()?;
+                let patch: serde_json::Value =
+                    serde_json::from_str(&v).map_err(|e| format!("--filter-patch: {e}"))?;
+                d.filter = FilterConfig::Patched(patch);
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other}")),
         }
@@ -92,6 +102,7 @@ fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Repo
         backend: args.backend.clone(),
         envoy: Some(EnvoyOptions {
             mode,
+            filter: args.filter.clone(),
             ..EnvoyOptions::default()
         }),
     })

@@ -28,6 +28,11 @@ pub struct WorkloadOptions {
     pub model: String,
     pub path: String,
     pub request_timeout: Duration,
+    /// Think time before each follow-up turn, drawn uniformly from this range (ms). Real users
+    /// pause between turns; the jitter also keeps closed-loop clients from falling into a
+    /// period that aliases with Envoy's round robin (which would make round robin accidentally
+    /// sticky).
+    pub think_ms: (u64, u64),
 }
 
 impl Default for WorkloadOptions {
@@ -42,6 +47,7 @@ impl Default for WorkloadOptions {
             model: "sim-llm".to_string(),
             path: "/v1/chat/completions".to_string(),
             request_timeout: Duration::from_secs(120),
+            think_ms: (0, 100),
         }
     }
 }
@@ -55,6 +61,8 @@ pub struct Conversation {
     pub system: String,
     /// One per turn.
     pub user_messages: Vec<String>,
+    /// Pause before each turn (the first is zero).
+    pub think: Vec<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -281,7 +289,7 @@ impl Workload {
                 let (name, role) = PRODUCTS[i % PRODUCTS.len()];
                 format!(
                     "You are {name}, {role}. Answer briefly and politely. {}",
-                    text(&mut rng, 180)
+                    text(&mut rng, 60)
                 )
             })
             .collect();
@@ -303,20 +311,26 @@ impl Workload {
                     pick -= w;
                 }
                 let mut user_messages = Vec::with_capacity(opts.turns);
+                let mut think = Vec::with_capacity(opts.turns);
                 let first_len = rng.range(700, 900);
                 user_messages.push(format!(
                     "Hello, this is customer #{id:04}. {}",
                     text(&mut rng, first_len)
                 ));
+                think.push(Duration::ZERO);
                 for _ in 1..opts.turns {
                     let len = rng.range(350, 650);
                     user_messages.push(text(&mut rng, len));
+                    let (lo, hi) = opts.think_ms;
+                    let ms = rng.range(lo as usize, hi.max(lo) as usize) as u64;
+                    think.push(Duration::from_millis(ms));
                 }
                 Conversation {
                     id,
                     system_index,
                     system: system_prompts[system_index].clone(),
                     user_messages,
+                    think,
                 }
             })
             .collect();
@@ -535,6 +549,9 @@ fn run_conversation(
     let mut messages = vec![json!({"role": "system", "content": conv.system})];
     let mut out = Vec::with_capacity(conv.user_messages.len());
     for (turn, user) in conv.user_messages.iter().enumerate() {
+        if let Some(pause) = conv.think.get(turn).filter(|d| !d.is_zero()) {
+            std::thread::sleep(*pause);
+        }
         messages.push(json!({"role": "user", "content": user}));
         let body = chat_body(&opts.model, &messages, opts.max_tokens);
         let mut rec = RequestRecord {
