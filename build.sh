@@ -117,10 +117,14 @@ cmd_test() {
     cmd_validate
     cmd_native
 
+    step "test: test-only filter for the FAIL_OPEN test (crates/testbed)"
+    cargo build --release --target wasm32-wasip1 -p prefix-router-testbed
+
     step "test: end-to-end (Envoy + prefix_router.wasm + backend simulators on loopback)"
     ENVOY_BIN="$(envoy_bin)" \
     PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
     PREFIX_ROUTER_WASM="$WASM" \
+    PREFIX_ROUTER_TESTBED_WASM="$ROOT/target/wasm32-wasip1/release/testbed_filter.wasm" \
         cargo test -p prefix-router-lab --test e2e -- --ignored --test-threads=1
 
     step "test: all passed in $((SECONDS - start)) s"

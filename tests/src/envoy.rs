@@ -64,6 +64,8 @@ pub struct EnvoyOptions {
     pub log_level: String,
     /// How long to wait for admin `/ready` = LIVE and the listener.
     pub ready_timeout: Duration,
+    /// Load this .wasm instead of prefix_router.wasm (e.g. the testbed filter).
+    pub wasm: Option<PathBuf>,
 }
 
 impl Default for EnvoyOptions {
@@ -74,6 +76,7 @@ impl Default for EnvoyOptions {
             concurrency: 2,
             log_level: "info".to_string(),
             ready_timeout: Duration::from_secs(30),
+            wasm: None,
         }
     }
 }
@@ -170,7 +173,8 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
         let mut block = vec![
             format!("{pad}configuration:"),
             format!("{pad}  \"@type\": type.googleapis.com/google.protobuf.StringValue"),
-            format!("{pad}  value: |"),
+            // `|-`: no trailing newline, so the plugin sees exactly the given text.
+            format!("{pad}  value: |-"),
         ];
         for l in json.lines() {
             block.push(format!("{pad}    {l}"));
@@ -189,7 +193,7 @@ pub fn template_filter_json(template: &str) -> Result<Value> {
         .ok_or_else(|| LabError("template has no lab:filter-config region".to_string()))?;
     let value_line = lines[fb..fe]
         .iter()
-        .position(|l| l.trim() == "value: |")
+        .position(|l| matches!(l.trim(), "value: |" | "value: |-"))
         .ok_or_else(|| LabError("filter-config region has no `value: |` block".to_string()))?
         + fb;
     let text: Vec<&str> = lines[value_line + 1..fe].iter().map(|l| l.trim()).collect();
@@ -275,7 +279,10 @@ impl Envoy {
             ))
         })?;
         let wasm = match opts.mode {
-            EnvoyMode::PrefixRouter => Some(paths::filter_wasm()?),
+            EnvoyMode::PrefixRouter => match &opts.wasm {
+                Some(w) => Some(w.clone()),
+                None => Some(paths::filter_wasm()?),
+            },
             EnvoyMode::RoundRobin => None,
         };
         let filter_json = match opts.mode {

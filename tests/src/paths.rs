@@ -101,6 +101,17 @@ pub fn filter_wasm() -> Result<PathBuf> {
     )
 }
 
+/// The test-only filter of crates/testbed: `$PREFIX_ROUTER_TESTBED_WASM`, else
+/// `<target>/wasm32-wasip1/release/testbed_filter.wasm`.
+pub fn testbed_wasm() -> Result<PathBuf> {
+    first_existing(
+        "PREFIX_ROUTER_TESTBED_WASM",
+        vec![target_dir().join("wasm32-wasip1/release/testbed_filter.wasm")],
+        "test-only filter (testbed_filter.wasm)",
+        "run `cargo build --release --target wasm32-wasip1 -p prefix-router-testbed`",
+    )
+}
+
 /// Directory for per-run scratch files (rendered configs, logs): `<repo>/.lab`.
 pub fn lab_dir() -> PathBuf {
     repo_root().join(".lab")
