@@ -25,9 +25,9 @@ impl Default for BackendOptions {
             model: "sim-llm".to_string(),
             max_running: 8,
             cache_tokens: 8192,
-            prefill_tokens_per_s: 20000.0,
+            prefill_tokens_per_s: 8000.0,
             decode_ms_per_token: 10.0,
-            time_scale: 0.2,
+            time_scale: 0.5,
         }
     }
 }
