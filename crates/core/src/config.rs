@@ -631,3 +631,45 @@ mod tests {
         assert_eq!(c.decision_header.as_deref(), Some("x-decision"));
     }
 }
+
+#[cfg(test)]
+mod example_files {
+    use super::*;
+    use crate::extract::Api;
+
+    /// The configs shipped in `examples/` stay valid.
+    #[test]
+    fn shipped_examples_compile() {
+        for (name, json) in [
+            (
+                "filter-minimal.json",
+                include_str!("../../../examples/filter-minimal.json"),
+            ),
+            (
+                "filter-full.json",
+                include_str!("../../../examples/filter-full.json"),
+            ),
+            (
+                "filter-sglang.json",
+                include_str!("../../../examples/filter-sglang.json"),
+            ),
+        ] {
+            let c = Config::from_json(json.as_bytes());
+            assert!(c.is_ok(), "{name}: {c:?}");
+        }
+        let full = Config::from_json(include_bytes!("../../../examples/filter-full.json")).unwrap();
+        assert_eq!(full.hosts[2].weight, 2.0);
+        // filter-full.json spells out the defaults: it must equal the defaults.
+        let mut defaults = RawConfig::default_without_hosts();
+        defaults.hosts = serde_json::from_value(serde_json::json!([
+            {"address": "10.0.0.11:8000", "name": "vllm-a"},
+            {"address": "10.0.0.12:8000", "name": "vllm-b"},
+            {"address": "10.0.0.13:8000", "name": "vllm-c-h200", "weight": 2}
+        ]))
+        .unwrap();
+        defaults.decision_header = Some("x-prefix-router-decision".into());
+        defaults.key.session_header = Some("x-session-id".into());
+        assert_eq!(defaults.compile().unwrap(), full);
+        assert_eq!(full.api_for_path("/v1/messages"), Some(Api::Messages));
+    }
+}
