@@ -44,19 +44,20 @@ fn parse_line(line: &str) -> Option<Sample> {
     })
 }
 
-/// Sum of every sample whose name is `name` or `name` + `_total` (counters), over all labels.
-/// `None` if no such sample exists.
+/// Sum over all labels of the samples named `name`; if there are none, of those named
+/// `name` + `_total` (some exporters write counters one way, some the other, some both: never
+/// add the two). `None` if neither exists.
 pub fn sum(samples: &[Sample], name: &str) -> Option<f64> {
-    let total = format!("{name}_total");
-    let mut found = false;
-    let mut acc = 0.0;
-    for s in samples {
-        if s.name == name || s.name == total {
+    let sum_named = |n: &str| -> Option<f64> {
+        let mut found = false;
+        let mut acc = 0.0;
+        for s in samples.iter().filter(|s| s.name == n) {
             found = true;
             acc += s.value;
         }
-    }
-    found.then_some(acc)
+        found.then_some(acc)
+    };
+    sum_named(name).or_else(|| sum_named(&format!("{name}_total")))
 }
 
 /// Every sample whose name contains all of `parts`.
@@ -93,5 +94,8 @@ mod tests {
         assert_eq!(sum(&s, "vllm:nope"), None);
         assert_eq!(sum_matching(&s, &["prefix_router", "routed"]), 6.0);
         assert_eq!(s[1].labels, "envoy_cluster_name=\"llm\"");
+        // Both spellings present (as the backend simulator writes them): not added up.
+        let both = parse("c_total{a=\"1\"} 5\nc{a=\"1\"} 5\n");
+        assert_eq!(sum(&both, "c"), Some(5.0));
     }
 }
