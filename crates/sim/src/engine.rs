@@ -1,0 +1,301 @@
+//! The discrete-event engine.
+//!
+//! ## Clock and events
+//! Virtual time in seconds (`f64`), no wall clock. The next event is the
+//! earliest of: a replica event (first token / completion, from
+//! [`Replica::next_event_time`]), a load-report delivery, a load-report
+//! sample, a request arrival. Ties are processed in that order (a
+//! completion at `t` frees capacity before an arrival at `t` is routed),
+//! replicas by index, arrivals by request index. Every choice that could
+//! vary is seeded, so a run is a pure function of (workload, policy,
+//! config).
+//!
+//! ## Load signal
+//! Each router instance ("proxy") counts its own in-flight requests per
+//! replica, updated immediately (as the filter's shared-data counters are).
+//! Replica reports (waiting, running, KV usage) are sampled every
+//! `report_interval_s` and become visible to every proxy `report_delay_s`
+//! later (scraping, or ORCA response headers, with staleness); interval 0
+//! turns reports off.
+//!
+//! ## Multi-proxy
+//! With `proxies = K`, K independent instances of the policy route requests
+//! in turn (request i to instance i mod K); each keeps its own in-flight
+//! counts and learned state, reports and the replicas are shared.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fmt;
+
+use prefix_router_replica::{CostModel, Event, Replica};
+
+use crate::input::RouteInput;
+use crate::metrics::{Collector, RunResult};
+use crate::policy::{Outcome, Policy, PolicySpec, Snapshot, View};
+use crate::workload::Workload;
+
+/// Simulation settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    /// Number of replicas.
+    pub replicas: usize,
+    /// Replica cost model (shared with the HTTP backend simulator).
+    pub cost: CostModel,
+    /// Router instances.
+    pub proxies: usize,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Arrival-time compression: session starts and think times are divided
+    /// by this (2 = twice the offered load).
+    pub rate_scale: f64,
+    /// Report sampling period, seconds (0: no reports).
+    pub report_interval_s: f64,
+    /// Extra delay before a sampled report is visible, seconds.
+    pub report_delay_s: f64,
+    /// Load-balance window, seconds.
+    pub window_s: f64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            replicas: 8,
+            cost: CostModel::default(),
+            proxies: 1,
+            seed: 1,
+            rate_scale: 1.0,
+            report_interval_s: 0.05,
+            report_delay_s: 0.0,
+            window_s: 60.0,
+        }
+    }
+}
+
+/// Why a run could not be done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimError(pub String);
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SimError {}
+
+fn tbits(t: f64) -> u64 {
+    // Times are finite and >= 0: their bit patterns sort like the numbers.
+    t.max(0.0).to_bits()
+}
+
+/// Run `spec` on `wl`.
+pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<RunResult, SimError> {
+    if cfg.replicas == 0 || cfg.replicas > 4096 {
+        return Err(SimError(format!(
+            "replicas must be 1..=4096, got {}",
+            cfg.replicas
+        )));
+    }
+    if cfg.proxies == 0 {
+        return Err(SimError("proxies must be >= 1".into()));
+    }
+    if !(cfg.rate_scale.is_finite() && cfg.rate_scale > 0.0) {
+        return Err(SimError(format!(
+            "rate scale must be > 0, got {}",
+            cfg.rate_scale
+        )));
+    }
+    if cfg.cost.block_tokens != wl.block_tokens {
+        return Err(SimError(format!(
+            "workload hashed for {}-token blocks, replicas use {}",
+            wl.block_tokens, cfg.cost.block_tokens
+        )));
+    }
+    let n = cfg.replicas;
+    let k = cfg.proxies;
+    let mut policies: Vec<Box<dyn Policy>> = (0..k)
+        .map(|p| spec.build(n, cfg.seed, p))
+        .collect::<Result<_, _>>()
+        .map_err(|e| SimError(e.to_string()))?;
+    let mut replicas: Vec<Replica> = (0..n).map(|_| Replica::new(cfg.cost.clone())).collect();
+    let mut inflight = vec![vec![0u64; n]; k];
+    let mut reports: Vec<Option<Snapshot>> = vec![None; n];
+    let mut deliveries: VecDeque<(f64, Vec<Snapshot>)> = VecDeque::new();
+    let reports_on = cfg.report_interval_s > 0.0;
+    let mut sample_k: u64 = 0;
+
+    // Per-request routing state.
+    let mut proxy_of = vec![u32::MAX; wl.len()];
+    let mut host_of = vec![u32::MAX; wl.len()];
+
+    let mut arrivals: BinaryHeap<Reverse<(u64, u32)>> = BinaryHeap::new();
+    for s in &wl.sessions {
+        if let Some(&r) = s.requests.first() {
+            arrivals.push(Reverse((tbits(s.start / cfg.rate_scale), r)));
+        }
+    }
+    let mut col = Collector::new(wl, cfg);
+    let mut alive: u64 = 0;
+    let mut routed: u64 = 0;
+    let mut now = 0.0f64;
+
+    loop {
+        // Earliest replica event.
+        let mut tr = f64::INFINITY;
+        let mut ri = usize::MAX;
+        for (i, r) in replicas.iter().enumerate() {
+            if let Some(t) = r.next_event_time() {
+                if t < tr {
+                    tr = t;
+                    ri = i;
+                }
+            }
+        }
+        let ta = arrivals
+            .peek()
+            .map(|Reverse((b, _))| f64::from_bits(*b))
+            .unwrap_or(f64::INFINITY);
+        let td = deliveries.front().map(|d| d.0).unwrap_or(f64::INFINITY);
+        let ts = if reports_on && (alive > 0 || ta.is_finite()) {
+            let mut t = sample_k as f64 * cfg.report_interval_s;
+            if alive == 0 && t < ta {
+                // Idle: skip to the last sampling tick before the arrival.
+                sample_k = sample_k.max((ta / cfg.report_interval_s).floor() as u64);
+                t = sample_k as f64 * cfg.report_interval_s;
+            }
+            t
+        } else {
+            f64::INFINITY
+        };
+        let t = tr.min(ta).min(td).min(ts);
+        if !t.is_finite() {
+            break;
+        }
+        now = now.max(t);
+
+        if tr <= t {
+            let Some(rep) = replicas.get_mut(ri) else {
+                break;
+            };
+            let events = rep.advance(tr);
+            for ev in events {
+                match ev {
+                    Event::FirstToken {
+                        req_id,
+                        t,
+                        cached_tokens,
+                    } => {
+                        col.first_token(req_id as usize, t, cached_tokens);
+                        let p = proxy_of.get(req_id as usize).copied().unwrap_or(0) as usize;
+                        if let Some(pol) = policies.get_mut(p) {
+                            pol.on_first_token(req_id, ri);
+                        }
+                    }
+                    Event::Done { req_id, t } => {
+                        let id = req_id as usize;
+                        col.done(id, t, ri);
+                        alive = alive.saturating_sub(1);
+                        let p = proxy_of.get(id).copied().unwrap_or(0) as usize;
+                        let h = host_of.get(id).copied().unwrap_or(0) as usize;
+                        if let Some(c) = inflight.get_mut(p).and_then(|v| v.get_mut(h)) {
+                            *c = c.saturating_sub(1);
+                        }
+                        if let Some(pol) = policies.get_mut(p) {
+                            pol.on_done(req_id, h);
+                        }
+                        // Release the session's next turn.
+                        if let Some(r) = wl.requests.get(id) {
+                            if let Some(s) = wl.sessions.get(r.session as usize) {
+                                let next = r.turn as usize + 1;
+                                if let Some(&nr) = s.requests.get(next) {
+                                    let think = s.think.get(next).copied().unwrap_or(0.0);
+                                    arrivals.push(Reverse((tbits(t + think / cfg.rate_scale), nr)));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            continue;
+        }
+        if td <= t {
+            if let Some((_, snaps)) = deliveries.pop_front() {
+                for (r, s) in reports.iter_mut().zip(snaps) {
+                    *r = Some(s);
+                }
+            }
+            continue;
+        }
+        if ts <= t {
+            let at = t + cfg.report_delay_s;
+            let snaps: Vec<Snapshot> = replicas
+                .iter_mut()
+                .map(|r| {
+                    // No replica has an event before t (it would have been
+                    // processed first), so this only moves its clock.
+                    let _ = r.advance(t);
+                    Snapshot {
+                        waiting: r.num_waiting() as u32,
+                        running: r.num_running() as u32,
+                        kv_usage: r.kv_usage(),
+                        at,
+                    }
+                })
+                .collect();
+            if cfg.report_delay_s > 0.0 {
+                deliveries.push_back((at, snaps));
+            } else {
+                for (r, s) in reports.iter_mut().zip(snaps) {
+                    *r = Some(s);
+                }
+            }
+            sample_k += 1;
+            continue;
+        }
+        // Arrival.
+        let Some(Reverse((_, idx))) = arrivals.pop() else {
+            break;
+        };
+        let id = idx as usize;
+        let Some(req) = wl.requests.get(id) else {
+            return Err(SimError(format!("request {id} out of range")));
+        };
+        let p = (routed % k as u64) as usize;
+        routed += 1;
+        let input = RouteInput::new(wl, req, idx as u64);
+        let Some(pol) = policies.get_mut(p) else {
+            break;
+        };
+        let own = inflight.get(p).map(|v| v.as_slice()).unwrap_or(&[]);
+        let view = View {
+            now: t,
+            inflight: own,
+            reports: &reports,
+            replicas: &replicas,
+        };
+        let mut choice = pol.route(&input, &view);
+        if choice.host >= n {
+            choice.host %= n;
+            choice.outcome = Outcome::Fallback;
+        }
+        drop(input);
+        let h = choice.host;
+        if let Some(c) = inflight.get_mut(p).and_then(|v| v.get_mut(h)) {
+            *c += 1;
+        }
+        if let Some(x) = proxy_of.get_mut(id) {
+            *x = p as u32;
+        }
+        if let Some(x) = host_of.get_mut(id) {
+            *x = h as u32;
+        }
+        col.arrive(id, t, h, choice.outcome);
+        alive += 1;
+        let Some(rep) = replicas.get_mut(h) else {
+            break;
+        };
+        rep.submit(idx as u64, req.prompt.clone(), req.output_tokens, t)
+            .map_err(|e| SimError(format!("request {id}: {e}")))?;
+    }
+    Ok(col.finish(&spec.label, now, &replicas))
+}

@@ -1,0 +1,268 @@
+//! Routing policies: this project's router (driving `prefix-router-core`)
+//! and re-implementations of the peers' algorithms, each in its own module
+//! with the public source it follows cited in its doc comment.
+//!
+//! Every policy instance is one router process ("proxy"): in multi-proxy
+//! runs the engine builds K instances, each with its own in-flight counts and
+//! learned state (trees, indexes, active-sequence tables), while replica
+//! reports (queue depth, KV utilization) and KV-cache events are shared.
+
+pub mod baselines;
+pub mod dynamo;
+pub mod gie;
+pub mod kubeai;
+pub mod prefix_router;
+pub mod sglang;
+
+use std::fmt;
+
+use prefix_router_replica::Replica;
+
+use crate::input::RouteInput;
+use crate::rng::seed_str;
+
+/// A replica's load report as a router receives it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Snapshot {
+    /// Requests waiting (vLLM `num_requests_waiting`).
+    pub waiting: u32,
+    /// Requests running (vLLM `num_requests_running`).
+    pub running: u32,
+    /// KV-cache usage 0..=1 (vLLM `kv_cache_usage_perc`).
+    pub kv_usage: f64,
+    /// When the router received it (seconds, virtual clock).
+    pub at: f64,
+}
+
+/// What a policy may look at when routing.
+pub struct View<'a> {
+    /// Virtual time, seconds.
+    pub now: f64,
+    /// This proxy's own in-flight requests per replica (routed, not done).
+    pub inflight: &'a [u64],
+    /// Latest report received from each replica (shared by all proxies;
+    /// `None` before the first report or when reports are off).
+    pub reports: &'a [Option<Snapshot>],
+    /// The replicas, for KV-event-driven routers (Dynamo) that track the
+    /// real cache contents: only read the cache, as KV events would.
+    pub replicas: &'a [Replica],
+}
+
+impl View<'_> {
+    /// `now` in whole milliseconds (the core's clock unit).
+    pub fn now_ms(&self) -> u64 {
+        (self.now * 1000.0).max(0.0) as u64
+    }
+}
+
+/// Why a replica was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Cache affinity decided it (the key's owner, the best match).
+    Affinity,
+    /// Affinity was overridden by load (spill, load-balancing branch).
+    Spill,
+    /// The policy could not decide (parse error, no key) and fell back.
+    Fallback,
+    /// A load-only decision (round robin, least loaded, no useful match).
+    Balance,
+}
+
+/// A routing decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub host: usize,
+    pub outcome: Outcome,
+}
+
+/// A routing policy instance (one proxy).
+pub trait Policy: Send {
+    /// Choose a replica for `input`.
+    fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice;
+    /// The request produced its first token on `host`.
+    fn on_first_token(&mut self, _id: u64, _host: usize) {}
+    /// The request finished on `host`.
+    fn on_done(&mut self, _id: u64, _host: usize) {}
+}
+
+/// Which algorithm.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Kind {
+    PrefixRouter(prefix_router::Params),
+    RoundRobin,
+    Random,
+    LeastLoaded,
+    PowerOfTwo,
+    ChFirstChunk,
+    SglangCacheAware(sglang::CacheAwareParams),
+    SglangPrefixHash(sglang::PrefixHashParams),
+    Gie(gie::Params),
+    KubeAi(kubeai::Params),
+    Dynamo(dynamo::Params),
+}
+
+/// A policy as named on the command line: `NAME[:key=value,...]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicySpec {
+    /// Label in tables and JSON (the spec as written).
+    pub label: String,
+    pub kind: Kind,
+}
+
+/// A bad policy spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError(pub String);
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+/// Names accepted by [`PolicySpec::parse`].
+pub const NAMES: &[&str] = &[
+    "prefix-router",
+    "round-robin",
+    "random",
+    "least-loaded",
+    "p2c",
+    "ch-first-chunk",
+    "sglang-cache-aware",
+    "sglang-prefix-hash",
+    "gie",
+    "kubeai",
+    "dynamo",
+];
+
+/// What `--policy all` runs, in table order.
+pub const ALL: &[&str] = &[
+    "prefix-router",
+    "prefix-router:mode=prefix",
+    "prefix-router:c=1.5",
+    "prefix-router:c=2",
+    "round-robin",
+    "random",
+    "least-loaded",
+    "p2c",
+    "ch-first-chunk",
+    "sglang-cache-aware",
+    "sglang-prefix-hash",
+    "gie",
+    "kubeai",
+    "dynamo",
+];
+
+/// Parse `key=value,...` into pairs.
+pub(crate) fn options(rest: &str) -> Result<Vec<(String, String)>, SpecError> {
+    rest.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| SpecError(format!("policy option {kv:?} is not key=value")))
+        })
+        .collect()
+}
+
+pub(crate) fn num(k: &str, v: &str) -> Result<f64, SpecError> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| {
+            SpecError(format!(
+                "policy option {k}={v:?}: not a non-negative number"
+            ))
+        })
+}
+
+impl PolicySpec {
+    /// Parse `NAME[:key=value,...]`.
+    pub fn parse(s: &str) -> Result<PolicySpec, SpecError> {
+        let (name, rest) = s.split_once(':').unwrap_or((s, ""));
+        let opts = options(rest)?;
+        let none = |kind: Kind| -> Result<Kind, SpecError> {
+            match opts.first() {
+                Some((k, _)) => Err(SpecError(format!("policy {name} takes no option ({k:?})"))),
+                None => Ok(kind),
+            }
+        };
+        let kind = match name {
+            "prefix-router" => Kind::PrefixRouter(prefix_router::Params::parse(&opts)?),
+            "round-robin" => none(Kind::RoundRobin)?,
+            "random" => none(Kind::Random)?,
+            "least-loaded" => none(Kind::LeastLoaded)?,
+            "p2c" => none(Kind::PowerOfTwo)?,
+            "ch-first-chunk" => none(Kind::ChFirstChunk)?,
+            "sglang-cache-aware" => Kind::SglangCacheAware(sglang::CacheAwareParams::parse(&opts)?),
+            "sglang-prefix-hash" => Kind::SglangPrefixHash(sglang::PrefixHashParams::parse(&opts)?),
+            "gie" => Kind::Gie(gie::Params::parse(&opts)?),
+            "kubeai" => Kind::KubeAi(kubeai::Params::parse(&opts)?),
+            "dynamo" => Kind::Dynamo(dynamo::Params::parse(&opts)?),
+            _ => {
+                return Err(SpecError(format!(
+                    "unknown policy {name:?}; one of {} or all",
+                    NAMES.join(", ")
+                )))
+            }
+        };
+        Ok(PolicySpec {
+            label: s.to_string(),
+            kind,
+        })
+    }
+
+    /// Expand a `--policy` value (`all` or one spec).
+    pub fn expand(s: &str) -> Result<Vec<PolicySpec>, SpecError> {
+        if s == "all" {
+            ALL.iter().map(|p| PolicySpec::parse(p)).collect()
+        } else {
+            Ok(vec![PolicySpec::parse(s)?])
+        }
+    }
+
+    /// Is this the project's router?
+    pub fn is_project(&self) -> bool {
+        matches!(self.kind, Kind::PrefixRouter(_))
+    }
+
+    /// Build instance `proxy` for `hosts` replicas.
+    pub fn build(
+        &self,
+        hosts: usize,
+        seed: u64,
+        proxy: usize,
+    ) -> Result<Box<dyn Policy>, SpecError> {
+        let seed = seed_str(seed, &format!("policy:{}:{proxy}", self.label));
+        Ok(match &self.kind {
+            Kind::PrefixRouter(p) => Box::new(prefix_router::PrefixRouter::new(p, hosts)?),
+            Kind::RoundRobin => Box::new(baselines::RoundRobin::new(hosts, proxy)),
+            Kind::Random => Box::new(baselines::Random::new(hosts, seed)),
+            Kind::LeastLoaded => Box::new(baselines::LeastLoaded::new(hosts, seed)),
+            Kind::PowerOfTwo => Box::new(baselines::PowerOfTwo::new(hosts, seed)),
+            Kind::ChFirstChunk => Box::new(baselines::ChFirstChunk::new(hosts)?),
+            Kind::SglangCacheAware(p) => Box::new(sglang::CacheAware::new(p.clone(), hosts)),
+            Kind::SglangPrefixHash(p) => Box::new(sglang::PrefixHash::new(p.clone(), hosts)),
+            Kind::Gie(p) => Box::new(gie::Gie::new(p.clone(), hosts, seed)),
+            Kind::KubeAi(p) => Box::new(kubeai::KubeAi::new(p.clone(), hosts)),
+            Kind::Dynamo(p) => Box::new(dynamo::Dynamo::new(p.clone(), hosts, seed)),
+        })
+    }
+}
+
+/// The address of replica `i` as the filter config and peers name it.
+pub fn host_address(i: usize) -> String {
+    format!("10.0.{}.{}:8000", i / 250, i % 250 + 1)
+}
+
+/// Index of the first minimum of `loads` (ties: lowest index).
+pub(crate) fn first_min(loads: &[u64]) -> usize {
+    let mut best = 0;
+    for (i, &l) in loads.iter().enumerate() {
+        if l < loads.get(best).copied().unwrap_or(u64::MAX) {
+            best = i;
+        }
+    }
+    best
+}

@@ -1,0 +1,150 @@
+//! This project's policy: the very `prefix-router-core` the filter runs.
+//!
+//! Each request is rendered as the HTTP body a client would send
+//! (`/v1/completions` with the trace's prompt text, or
+//! `/v1/chat/completions` with the conversation so far) and goes through
+//! [`Router::key`] and [`Router::place`] exactly as in the filter: the load
+//! each host is placed against is `HostLoad { inflight, report }` with this
+//! proxy's own in-flight count and the replica's last reported
+//! `num_requests_waiting` (the filter's default ORCA metric), which the
+//! core combines as `max(inflight, fresh report)`. A fallback (no key:
+//! parse error, empty prompt, body too large) is left to "Envoy's load
+//! balancer", modeled as round robin.
+
+use prefix_router_core::config::{RawConfig, RawHost};
+use prefix_router_core::load::{HostLoad, Report};
+use prefix_router_core::{Decision, Router};
+
+use super::{host_address, num, Choice, Outcome, Policy, SpecError, View};
+use crate::input::RouteInput;
+
+/// Options: `mode` (`conversation`|`prefix`), `c` (capacity factor),
+/// `prefix_bytes`, `vnodes`, `chunk_bytes`, `reports` (`on`|`off`: use
+/// replica reports in the load or only in-flight counts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub mode: String,
+    pub capacity_factor: f64,
+    pub prefix_bytes: u64,
+    pub vnodes: u32,
+    pub chunk_bytes: u32,
+    pub use_reports: bool,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        let d = RawConfig::default_without_hosts();
+        Params {
+            mode: d.key.mode,
+            capacity_factor: d.capacity_factor,
+            prefix_bytes: d.key.prefix_bytes,
+            vnodes: d.vnodes,
+            chunk_bytes: d.chunk_bytes,
+            use_reports: true,
+        }
+    }
+}
+
+impl Params {
+    pub(crate) fn parse(opts: &[(String, String)]) -> Result<Params, SpecError> {
+        let mut p = Params::default();
+        for (k, v) in opts {
+            match k.as_str() {
+                "mode" => p.mode = v.clone(),
+                "c" | "capacity_factor" => p.capacity_factor = num(k, v)?,
+                "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
+                "vnodes" => p.vnodes = num(k, v)? as u32,
+                "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
+                "reports" => p.use_reports = v != "off",
+                _ => return Err(SpecError(format!("prefix-router: unknown option {k:?}"))),
+            }
+        }
+        // Validate through the core itself.
+        p.config(2)?;
+        Ok(p)
+    }
+
+    /// The filter config for `hosts` replicas.
+    pub fn config(&self, hosts: usize) -> Result<prefix_router_core::Config, SpecError> {
+        let mut raw = RawConfig::default_without_hosts();
+        raw.hosts = (0..hosts)
+            .map(|i| RawHost {
+                address: host_address(i),
+                name: None,
+                weight: None,
+            })
+            .collect();
+        raw.capacity_factor = self.capacity_factor;
+        raw.vnodes = self.vnodes;
+        raw.chunk_bytes = self.chunk_bytes;
+        raw.key.mode = self.mode.clone();
+        raw.key.prefix_bytes = self.prefix_bytes;
+        raw.compile()
+            .map_err(|e| SpecError(format!("prefix-router: {e}")))
+    }
+}
+
+/// The project's router.
+pub struct PrefixRouter {
+    router: Router,
+    loads: Vec<HostLoad>,
+    use_reports: bool,
+    rr: usize,
+}
+
+impl PrefixRouter {
+    pub fn new(p: &Params, hosts: usize) -> Result<Self, SpecError> {
+        Ok(PrefixRouter {
+            router: Router::new(p.config(hosts)?),
+            loads: vec![HostLoad::default(); hosts],
+            use_reports: p.use_reports,
+            rr: 0,
+        })
+    }
+
+    /// The core router (tests).
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    fn fallback(&mut self) -> Choice {
+        let n = self.loads.len().max(1);
+        let host = self.rr % n;
+        self.rr = self.rr.wrapping_add(1);
+        Choice {
+            host,
+            outcome: Outcome::Fallback,
+        }
+    }
+}
+
+impl Policy for PrefixRouter {
+    fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
+        for (h, l) in self.loads.iter_mut().enumerate() {
+            l.inflight = view.inflight.get(h).copied().unwrap_or(0);
+            l.report = if self.use_reports {
+                view.reports.get(h).copied().flatten().map(|s| Report {
+                    queue: f64::from(s.waiting),
+                    at_ms: (s.at * 1000.0).max(0.0) as u64,
+                })
+            } else {
+                None
+            };
+        }
+        let key = match self.router.key(input.api(), input.body(), None) {
+            Ok(k) => k,
+            Err(_) => return self.fallback(),
+        };
+        match self.router.place(key, &self.loads, view.now_ms()) {
+            Decision::Routed { host, skipped, .. } => Choice {
+                host,
+                outcome: if skipped == 0 {
+                    Outcome::Affinity
+                } else {
+                    Outcome::Spill
+                },
+            },
+            Decision::Fallback(_) => self.fallback(),
+        }
+    }
+}

@@ -1,0 +1,255 @@
+//! Synthetic workloads covering the published prefix-caching matrix.
+//!
+//! Spec: `NAME[:key=value,...]`. Lengths are in tokens (4 bytes each of
+//! deterministic text, see [`crate::text`]); every request is a
+//! `/v1/chat/completions` body with a system message and user message(s).
+//!
+//! | name | defaults | what it models |
+//! |---|---|---|
+//! | `shared-prefix` | `groups=150,prompts=5,system=6000,question=1200,output=1000,rate=10` | GIE / llm-d "shared prefix" benchmark: 150 groups x 5 prompts sharing a 6000-token system prompt, sent in random order, Poisson arrivals |
+//! | `shared-prefix-long-q` | as above with `system=1000,question=6200` | the same matrix with long unique questions (little to share) |
+//! | `zipf` | `shared-prefix` with `zipf=1.1` | group popularity Zipf(s): a few hot system prompts |
+//! | `long-context` | `groups=250,prompts=5,system=16000,question=256,output=256,rate=4` | cache pressure: the groups' prefixes (4M tokens) exceed 8 replicas' caches |
+//! | `multi-turn` | `groups=6,users=1000,turns=5,system=2000,question=200,output=200,session_rate=20,think=5` | few groups (system prompts), many users (per group), each a multi-turn conversation with growing history; closed loop with think time |
+//!
+//! Keys: `groups`, `prompts` (per group), `system`, `question`, `output`,
+//! `rate` (requests/s, Poisson), `zipf` (exponent; 0 = every group gets
+//! exactly `prompts` requests), `users` (per group), `turns`,
+//! `session_rate` (sessions/s), `think` (mean seconds, exponential).
+
+use super::{
+    fill_chat_prompts, Conversation, Kind, Request, Session, Text, Workload, WorkloadError,
+};
+use crate::rng::{seed2, seed_str, Rng, Zipf};
+
+/// Parameters of a synthetic workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    pub kind: SynthKind,
+    pub groups: usize,
+    pub prompts: usize,
+    pub system: u32,
+    pub question: u32,
+    pub output: u64,
+    pub rate: f64,
+    pub zipf: f64,
+    pub users: usize,
+    pub turns: usize,
+    pub session_rate: f64,
+    pub think: f64,
+    /// The spec as given (for the report).
+    pub text: String,
+}
+
+/// Open-loop single-turn groups or closed-loop multi-turn sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynthKind {
+    Groups,
+    MultiTurn,
+}
+
+impl Spec {
+    /// Parse `NAME[:k=v,...]`.
+    pub fn parse(s: &str) -> Result<Spec, WorkloadError> {
+        let (name, rest) = s.split_once(':').unwrap_or((s, ""));
+        let mut spec = Spec {
+            kind: SynthKind::Groups,
+            groups: 150,
+            prompts: 5,
+            system: 6000,
+            question: 1200,
+            output: 1000,
+            rate: 10.0,
+            zipf: 0.0,
+            users: 1000,
+            turns: 5,
+            session_rate: 20.0,
+            think: 5.0,
+            text: s.to_string(),
+        };
+        match name {
+            "shared-prefix" => {}
+            "shared-prefix-long-q" => {
+                spec.system = 1000;
+                spec.question = 6200;
+            }
+            "zipf" => spec.zipf = 1.1,
+            "long-context" => {
+                spec.groups = 250;
+                spec.system = 16000;
+                spec.question = 256;
+                spec.output = 256;
+                spec.rate = 4.0;
+            }
+            "multi-turn" => {
+                spec.kind = SynthKind::MultiTurn;
+                spec.groups = 6;
+                spec.system = 2000;
+                spec.question = 200;
+                spec.output = 200;
+            }
+            other => {
+                return Err(WorkloadError::new(format!(
+                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn"
+                )))
+            }
+        }
+        for kv in rest.split(',').filter(|x| !x.is_empty()) {
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                WorkloadError::new(format!("synthetic option {kv:?} is not key=value"))
+            })?;
+            let bad =
+                || WorkloadError::new(format!("synthetic option {k}={v:?}: not a valid number"));
+            let int = |v: &str| v.parse::<usize>().map_err(|_| bad());
+            let flt = |v: &str| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(bad)
+            };
+            match k {
+                "groups" => spec.groups = int(v)?,
+                "prompts" => spec.prompts = int(v)?,
+                "system" => spec.system = int(v)? as u32,
+                "question" => spec.question = int(v)? as u32,
+                "output" => spec.output = int(v)? as u64,
+                "rate" => spec.rate = flt(v)?,
+                "zipf" => spec.zipf = flt(v)?,
+                "users" => spec.users = int(v)?,
+                "turns" => spec.turns = int(v)?,
+                "session_rate" => spec.session_rate = flt(v)?,
+                "think" => spec.think = flt(v)?,
+                _ => {
+                    return Err(WorkloadError::new(format!(
+                        "unknown synthetic option {k:?}"
+                    )))
+                }
+            }
+        }
+        if spec.groups == 0 || spec.prompts == 0 || spec.users == 0 || spec.turns == 0 {
+            return Err(WorkloadError::new(
+                "groups, prompts, users and turns must be > 0",
+            ));
+        }
+        if spec.rate <= 0.0 || spec.session_rate <= 0.0 {
+            return Err(WorkloadError::new("rate and session_rate must be > 0"));
+        }
+        if spec.question == 0 {
+            return Err(WorkloadError::new("question must be > 0 tokens"));
+        }
+        Ok(spec)
+    }
+}
+
+const SYS: u64 = 0x7379_7374_656d; // "system"
+const QST: u64 = 0x7175_6573_7469; // "questi"
+const ANS: u64 = 0x616e_7377_6572; // "answer"
+
+/// Build the workload.
+pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
+    let mut rng = Rng::new(seed_str(seed, &format!("synthetic:{}", spec.text)));
+    let mut wl = Workload::new(
+        format!("synthetic:{}", spec.text),
+        seed,
+        block_tokens,
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let sys = |g: usize| Text::Gen {
+        key: seed2(seed ^ SYS, g as u64),
+        len: spec.system * 4,
+    };
+    match spec.kind {
+        SynthKind::Groups => {
+            let n = spec.groups * spec.prompts;
+            let groups: Vec<usize> = if spec.zipf > 0.0 {
+                let z = Zipf::new(spec.groups, spec.zipf);
+                (0..n).map(|_| z.sample(&mut rng)).collect()
+            } else {
+                let mut v: Vec<usize> = (0..n).map(|i| i / spec.prompts).collect();
+                rng.shuffle(&mut v);
+                v
+            };
+            let mut t = 0.0;
+            for (i, g) in groups.into_iter().enumerate() {
+                let conv = wl.convs.len() as u32;
+                wl.convs.push(Conversation {
+                    system: (spec.system > 0).then(|| sys(g)),
+                    turns: vec![(
+                        Text::Gen {
+                            key: seed2(seed ^ QST, i as u64),
+                            len: spec.question * 4,
+                        },
+                        Text::Gen { key: 0, len: 0 },
+                    )],
+                });
+                wl.requests.push(Request {
+                    kind: Kind::Chat { conv, turn: 0 },
+                    output_tokens: spec.output.max(1),
+                    prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+                    session: i as u32,
+                    turn: 0,
+                });
+                wl.sessions.push(Session {
+                    start: t,
+                    requests: vec![i as u32],
+                    think: vec![0.0],
+                });
+                t += rng.exp(1.0 / spec.rate);
+            }
+        }
+        SynthKind::MultiTurn => {
+            let n = spec.groups * spec.users;
+            let mut t = 0.0;
+            for s in 0..n {
+                let g = s % spec.groups;
+                let sk = seed2(seed ^ QST, s as u64);
+                let ak = seed2(seed ^ ANS, s as u64);
+                let turns: Vec<(Text, Text)> = (0..spec.turns)
+                    .map(|k| {
+                        (
+                            Text::Gen {
+                                key: seed2(sk, k as u64),
+                                len: spec.question * 4,
+                            },
+                            Text::Gen {
+                                key: seed2(ak, k as u64),
+                                len: (spec.output * 4) as u32,
+                            },
+                        )
+                    })
+                    .collect();
+                let conv = wl.convs.len() as u32;
+                wl.convs.push(Conversation {
+                    system: (spec.system > 0).then(|| sys(g)),
+                    turns,
+                });
+                let mut reqs = Vec::new();
+                let mut think = Vec::new();
+                for k in 0..spec.turns {
+                    reqs.push(wl.requests.len() as u32);
+                    wl.requests.push(Request {
+                        kind: Kind::Chat {
+                            conv,
+                            turn: k as u32,
+                        },
+                        output_tokens: spec.output.max(1),
+                        prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+                        session: s as u32,
+                        turn: k as u32,
+                    });
+                    think.push(if k == 0 { 0.0 } else { rng.exp(spec.think) });
+                }
+                wl.sessions.push(Session {
+                    start: t,
+                    requests: reqs,
+                    think,
+                });
+                t += rng.exp(1.0 / spec.session_rate);
+            }
+        }
+    }
+    fill_chat_prompts(&mut wl);
+    wl
+}
