@@ -13,7 +13,7 @@ use crate::engine::{simulate, SimConfig};
 use crate::metrics::RunResult;
 use crate::policy::PolicySpec;
 use crate::report::{to_json, to_table, Report, RunSet};
-use crate::svg::{line_chart, slug, Series};
+use crate::svg::{line_chart, slug, Scale, Series};
 use crate::workload::{self, synthetic, Format, TraceOptions, Workload};
 
 pub const USAGE: &str = "\
@@ -346,8 +346,11 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                     .collect()
             };
             let title = format!(
-                "{} - {} replicas, {} prox",
-                rep.workload, rep.config.replicas, k
+                "{}, {} replicas, {} prox{}",
+                rep.workload,
+                rep.config.replicas,
+                k,
+                if k == 1 { "y" } else { "ies" }
             );
             put(
                 format!("hit_rate_vs_load_k{k}.svg"),
@@ -356,7 +359,7 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                     "offered load (rate scale x)",
                     "hit rate (% of prompt tokens)",
                     &series(&|r| r.hit_rate * 100.0),
-                    true,
+                    Scale::LinearZero,
                 ),
             )?;
             put(
@@ -364,9 +367,9 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                 line_chart(
                     &format!("TTFT p90 vs offered load ({title})"),
                     "offered load (rate scale x)",
-                    "TTFT p90 (s)",
+                    "TTFT p90 (s, log scale)",
                     &series(&|r| r.ttft.p90),
-                    true,
+                    Scale::Log,
                 ),
             )?;
         }
@@ -394,13 +397,17 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                 format!("load_{}_x{}_k{}.svg", slug(&r.policy), set.rate_scale, set.proxies),
                 line_chart(
                     &format!(
-                        "Per-replica load, {} (rate x{}, {} prox): mean requests in replica per {:.0} s window",
-                        r.policy, set.rate_scale, set.proxies, rep.config.window_s
+                        "Per-replica load, {} (rate x{}, {} prox{}): requests in replica, {:.0} s windows",
+                        r.policy,
+                        set.rate_scale,
+                        set.proxies,
+                        if set.proxies == 1 { "y" } else { "ies" },
+                        rep.config.window_s
                     ),
                     "time (min)",
                     "requests in replica (waiting + running)",
                     &series,
-                    true,
+                    Scale::LinearZero,
                 ),
             )?;
         }

@@ -246,7 +246,7 @@ pub fn to_table(rep: &Report) -> String {
     for set in &rep.runs {
         let _ = writeln!(
             s,
-            "\nrate x{} , {} prox{}",
+            "\nrate x{}, {} prox{}",
             set.rate_scale,
             set.proxies,
             if set.proxies == 1 { "y" } else { "ies" }

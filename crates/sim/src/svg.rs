@@ -50,14 +50,36 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-/// A line chart. `y_from_zero`: start the y axis at 0.
+/// Y axis scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scale {
+    /// Linear from zero.
+    LinearZero,
+    /// Linear over the data range.
+    Linear,
+    /// Base-10 logarithmic (non-positive values are dropped).
+    Log,
+}
+
+/// A line chart.
 pub fn line_chart(
     title: &str,
     xlabel: &str,
     ylabel: &str,
     series: &[Series],
-    y_from_zero: bool,
+    scale: Scale,
 ) -> String {
+    let log = scale == Scale::Log;
+    let y_from_zero = scale == Scale::LinearZero;
+    let ty = |y: f64| {
+        if !log {
+            y
+        } else if y > 0.0 {
+            y.log10()
+        } else {
+            f64::NAN
+        }
+    };
     let (w, h) = (900.0, 520.0);
     let (ml, mr, mt, mb) = (70.0, 230.0, 40.0, 55.0);
     let pw = w - ml - mr;
@@ -70,6 +92,7 @@ pub fn line_chart(
         f64::NEG_INFINITY,
     );
     for &(x, y) in pts {
+        let y = ty(y);
         if x.is_finite() && y.is_finite() {
             x0 = x0.min(x);
             x1 = x1.max(x);
@@ -89,9 +112,12 @@ pub fn line_chart(
     if y1 <= y0 {
         y1 = y0 + 1.0;
     }
-    let ys = step(y1 - y0, 6.0);
+    let ys = if log { 1.0 } else { step(y1 - y0, 6.0) };
     y0 = (y0 / ys).floor() * ys;
     y1 = (y1 / ys).ceil() * ys;
+    if y1 <= y0 {
+        y1 = y0 + ys;
+    }
     let xs = step(x1 - x0, 8.0);
     let sx = |x: f64| ml + (x - x0) / (x1 - x0) * pw;
     let sy = |y: f64| mt + ph - (y - y0) / (y1 - y0) * ph;
@@ -103,8 +129,8 @@ pub fn line_chart(
     let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
-        ml + pw / 2.0,
+        r#"<text x="{}" y="22" font-size="14" text-anchor="middle">{}</text>"#,
+        w / 2.0,
         esc(title)
     );
     // Grid and ticks.
@@ -121,7 +147,11 @@ pub fn line_chart(
             r#"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"#,
             ml - 6.0,
             py + 4.0,
-            fmt_tick(y)
+            if log {
+                fmt_tick(10f64.powf(y))
+            } else {
+                fmt_tick(y)
+            }
         );
         y += ys;
     }
@@ -164,8 +194,9 @@ pub fn line_chart(
         let path: Vec<String> = se
             .points
             .iter()
+            .map(|&(x, y)| (x, ty(y)))
             .filter(|(x, y)| x.is_finite() && y.is_finite())
-            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .map(|(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
             .collect();
         if !path.is_empty() {
             let _ = writeln!(

@@ -246,3 +246,89 @@ fn rate_scale_compresses_arrivals() {
     .expect("run");
     assert!(fast.makespan_s < slow.makespan_s);
 }
+
+#[test]
+fn sharegpt_sessions_grow_turn_by_turn() {
+    use prefix_router_sim::workload::{sharegpt, TraceOptions};
+    let long = "word ".repeat(60);
+    let json = format!(
+        r#"[{{"id":"a","conversations":[{{"from":"system","value":"Be brief."}},{{"from":"human","value":"{long} first"}},{{"from":"gpt","value":"{long} answer"}},{{"from":"human","value":"second \"quoted\"\nline"}},{{"from":"gpt","value":"ok"}}]}},
+            {{"id":"b","conversations":[{{"from":"gpt","value":"no user turn"}}]}},
+            {{"id":"c","conversations":[{{"from":"human","value":"héllo"}},{{"from":"gpt","value":"hi"}},{{"from":"human","value":"dangling"}}]}}]"#
+    );
+    let opts = TraceOptions::default();
+    let wl = sharegpt::parse(json.as_bytes(), "t", &opts, 1, 16).expect("parses");
+    assert_eq!(
+        wl.sessions.len(),
+        2,
+        "conversation without a user turn is skipped"
+    );
+    assert_eq!(
+        wl.len(),
+        3,
+        "two turns + one (the dangling user message is dropped)"
+    );
+    let s0 = &wl.sessions[0];
+    assert_eq!(s0.requests.len(), 2);
+    assert!(s0.think[1] > 0.0);
+    let t1 = &wl.requests[s0.requests[0] as usize];
+    let t2 = &wl.requests[s0.requests[1] as usize];
+    assert!(t2.prompt.tokens() > t1.prompt.tokens());
+    assert!(!t1.prompt.blocks().is_empty());
+    assert_eq!(
+        &t2.prompt.blocks()[..t1.prompt.blocks().len()],
+        t1.prompt.blocks(),
+        "turn 2 repeats turn 1's prompt as its prefix"
+    );
+    assert_eq!(t1.output_tokens, (long.len() as u64 + 7).div_ceil(4));
+    // The body is valid JSON the core can key.
+    let spec = PolicySpec::parse("prefix-router").expect("spec");
+    let r = simulate(&wl, &spec, &cfg(2, 16)).expect("run");
+    assert_eq!(r.fallback, 0);
+    assert_eq!(r.completed, 3);
+    let err = sharegpt::parse(
+        b"[{\"id\": 1,\n \"conversations\": oops}]",
+        "t",
+        &opts,
+        1,
+        16,
+    )
+    .expect_err("bad json");
+    assert_eq!(err.line, Some(2));
+}
+
+#[test]
+fn cli_parses_and_rejects() {
+    use prefix_router_sim::cli::parse;
+    let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let a = parse(&args(&[
+        "--synthetic",
+        "zipf",
+        "--replicas",
+        "4",
+        "--proxies",
+        "1,4",
+        "--rate-scale=0.5,2",
+        "--policy",
+        "gie",
+        "--json",
+    ]))
+    .expect("ok")
+    .expect("not help");
+    assert_eq!(a.cfg.replicas, 4);
+    assert_eq!(a.proxies, vec![1, 4]);
+    assert_eq!(a.rate_scales, vec![0.5, 2.0]);
+    assert!(a.json);
+    assert!(parse(&args(&["--help"])).expect("ok").is_none());
+    assert!(parse(&args(&["--replicas", "4"])).is_err(), "no workload");
+    assert!(parse(&args(&["--synthetic", "zipf", "--bogus"])).is_err());
+    assert!(parse(&args(&["--synthetic", "zipf", "--proxies", "0"])).is_err());
+    assert!(parse(&args(&["--synthetic", "zipf", "--replicas"])).is_err());
+    assert!(
+        PolicySpec::parse("prefix-router:c=0.5").is_err(),
+        "core validation"
+    );
+    assert!(PolicySpec::parse("nope").is_err());
+    assert!(PolicySpec::parse("round-robin:x=1").is_err());
+    assert_eq!(PolicySpec::expand("all").expect("all").len(), ALL.len());
+}
