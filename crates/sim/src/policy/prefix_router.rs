@@ -10,6 +10,16 @@
 //! core combines as `max(inflight, fresh report)`. A fallback (no key:
 //! parse error, empty prompt, body too large) is left to "Envoy's load
 //! balancer", modeled as round robin.
+//!
+//! ## Experiment: `mode=capped`
+//! Not a mode of the filter (yet): the key is the prefix through the end of
+//! the first user message *capped at `prefix_bytes`*. It is computed with the
+//! core itself: the conversation-mode key and the prefix-mode key are both
+//! chained prefix hashes from the same model seed, so the one that hashed
+//! fewer bytes is exactly the key of the shorter region, i.e. what a core
+//! with `limit = prefix_bytes` in conversation mode would return. Placement
+//! is the core's `Router::place`. Used in BENCHMARKS.md to measure what
+//! changing the default key would do.
 
 use prefix_router_core::config::{RawConfig, RawHost};
 use prefix_router_core::load::{HostLoad, Report};
@@ -66,6 +76,26 @@ impl Params {
 
     /// The filter config for `hosts` replicas.
     pub fn config(&self, hosts: usize) -> Result<prefix_router_core::Config, SpecError> {
+        self.config_mode(
+            hosts,
+            if self.capped() {
+                "conversation"
+            } else {
+                &self.mode
+            },
+        )
+    }
+
+    /// `mode=capped` (the experiment above)?
+    pub fn capped(&self) -> bool {
+        self.mode == "capped"
+    }
+
+    fn config_mode(
+        &self,
+        hosts: usize,
+        mode: &str,
+    ) -> Result<prefix_router_core::Config, SpecError> {
         let mut raw = RawConfig::default_without_hosts();
         raw.hosts = (0..hosts)
             .map(|i| RawHost {
@@ -77,7 +107,7 @@ impl Params {
         raw.capacity_factor = self.capacity_factor;
         raw.vnodes = self.vnodes;
         raw.chunk_bytes = self.chunk_bytes;
-        raw.key.mode = self.mode.clone();
+        raw.key.mode = mode.to_string();
         raw.key.prefix_bytes = self.prefix_bytes;
         raw.compile()
             .map_err(|e| SpecError(format!("prefix-router: {e}")))
@@ -87,6 +117,9 @@ impl Params {
 /// The project's router.
 pub struct PrefixRouter {
     router: Router,
+    /// `mode=capped`: the prefix-mode router whose key caps the
+    /// conversation key.
+    cap: Option<Router>,
     loads: Vec<HostLoad>,
     use_reports: bool,
     rr: usize,
@@ -94,8 +127,14 @@ pub struct PrefixRouter {
 
 impl PrefixRouter {
     pub fn new(p: &Params, hosts: usize) -> Result<Self, SpecError> {
+        let cap = if p.capped() {
+            Some(Router::new(p.config_mode(hosts, "prefix")?))
+        } else {
+            None
+        };
         Ok(PrefixRouter {
             router: Router::new(p.config(hosts)?),
+            cap,
             loads: vec![HostLoad::default(); hosts],
             use_reports: p.use_reports,
             rr: 0,
@@ -131,10 +170,17 @@ impl Policy for PrefixRouter {
                 None
             };
         }
-        let key = match self.router.key(input.api(), input.body(), None) {
+        let mut key = match self.router.key(input.api(), input.body(), None) {
             Ok(k) => k,
             Err(_) => return self.fallback(),
         };
+        if let Some(cap) = &self.cap {
+            if let Ok(k) = cap.key(input.api(), input.body(), None) {
+                if k.bytes_hashed < key.bytes_hashed {
+                    key = k;
+                }
+            }
+        }
         match self.router.place(key, &self.loads, view.now_ms()) {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
