@@ -21,8 +21,12 @@ options:
   --conversations N   conversations (default 50)
   --turns N           turns per conversation (default 6)
   --concurrency N     conversations in flight (default 16)
-  --time-scale X      backend --time-scale (default 0.2; smaller = faster)
+  --time-scale X      backend --time-scale (default 0.5; smaller = faster)
   --cache-tokens N    backend KV-cache capacity in tokens (default 8192)
+  --max-running N     backend max running batch (default 8)
+  --max-tokens N      output tokens per request (default 48)
+  --first-bytes LO,HI size of each conversation's first user message (default 700,900)
+  --think-ms LO,HI    user think time before each follow-up turn, uniform (default 0,100)
   --seed N            workload seed (default 42)
   --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
                       '{\"capacity_factor\": 2.0}' (default: none)
@@ -76,6 +80,34 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
             "--cache-tokens" => {
                 let v = value()?;
                 d.backend.cache_tokens = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--think-ms" => {
+                let v = value()?;
+                let (a, b) = v.split_once(',').ok_or_else(|| bad(&v))?;
+                let lo: u64 = a.trim().parse().map_err(|_| bad(&v))?;
+                let hi: u64 = b.trim().parse().map_err(|_| bad(&v))?;
+                if lo > hi {
+                    return Err(bad(&v));
+                }
+                d.workload.think_ms = (lo, hi);
+            }
+            "--max-tokens" => {
+                let v = value()?;
+                d.workload.max_tokens = v.parse().map_err(|_| bad(&v))?;
+            }
+            "--first-bytes" => {
+                let v = value()?;
+                let (a, b) = v.split_once(',').ok_or_else(|| bad(&v))?;
+                let lo: usize = a.trim().parse().map_err(|_| bad(&v))?;
+                let hi: usize = b.trim().parse().map_err(|_| bad(&v))?;
+                if lo > hi {
+                    return Err(bad(&v));
+                }
+                d.workload.first_message_bytes = (lo, hi);
+            }
+            "--max-running" => {
+                let v = value()?;
+                d.backend.max_running = v.parse().map_err(|_| bad(&v))?;
             }
             "--filter-patch" => {
                 let v = value()?;

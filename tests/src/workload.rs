@@ -33,6 +33,10 @@ pub struct WorkloadOptions {
     /// period that aliases with Envoy's round robin (which would make round robin accidentally
     /// sticky).
     pub think_ms: (u64, u64),
+    /// Size of each conversation's first user message, uniform in this range (bytes). A large
+    /// first message is a document or code the user asks about over several turns (RAG, code
+    /// assistants): unique per conversation, reused by every later turn.
+    pub first_message_bytes: (usize, usize),
 }
 
 impl Default for WorkloadOptions {
@@ -48,6 +52,7 @@ impl Default for WorkloadOptions {
             path: "/v1/chat/completions".to_string(),
             request_timeout: Duration::from_secs(120),
             think_ms: (0, 100),
+            first_message_bytes: (700, 900),
         }
     }
 }
@@ -312,7 +317,8 @@ impl Workload {
                 }
                 let mut user_messages = Vec::with_capacity(opts.turns);
                 let mut think = Vec::with_capacity(opts.turns);
-                let first_len = rng.range(700, 900);
+                let (flo, fhi) = opts.first_message_bytes;
+                let first_len = rng.range(flo, fhi.max(flo));
                 user_messages.push(format!(
                     "Hello, this is customer #{id:04}. {}",
                     text(&mut rng, first_len)

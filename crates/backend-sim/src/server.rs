@@ -130,6 +130,9 @@ struct Sub {
     t_submit: f64,
     prompt_tokens: u64,
     output_tokens: u64,
+    /// Prompt + generated text, kept in the prefix cache at Done (vLLM keeps
+    /// the KV of generated tokens too, so the next chat turn hits it).
+    extended: Prompt,
 }
 
 struct State {
@@ -365,6 +368,7 @@ impl Shared {
                 }
                 Event::Done { t, .. } => {
                     if let Some(sub) = st.subs.remove(&id) {
+                        st.replica.remember(&sub.extended);
                         st.stats.success += 1;
                         st.stats.generation_tokens += sub.output_tokens;
                         st.stats.e2e.observe(t - sub.t_submit);
@@ -562,6 +566,11 @@ impl Shared {
         let keep = req.keep_alive();
         let prompt = Prompt::from_bytes(&g.prompt, self.cfg.cost.block_tokens);
         let prompt_tokens = prompt.tokens();
+        let extended = {
+            let mut b = g.prompt.clone();
+            b.extend_from_slice(openai::text_range(0, g.max_tokens).as_bytes());
+            Prompt::from_bytes(&b, self.cfg.cost.block_tokens)
+        };
         let total = prompt_tokens.saturating_add(g.max_tokens);
         if total > self.cfg.max_model_len {
             let e = ApiError::bad_request(format!(
@@ -589,6 +598,7 @@ impl Shared {
                     t_submit: now,
                     prompt_tokens,
                     output_tokens: g.max_tokens,
+                    extended,
                 },
             );
             id

@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `hosts` | required | replicas: `address` (`ip:port` as Envoy knows the endpoint), `name` (stable ring identity, default = address), `weight` (default 1) |
 //! | `capacity_factor` | 1.25 | bounded-load factor c: no host above `ceil(c * (total + 1) * w / W)` |
+//! | `min_capacity` | 8 | capacity floor per unit weight: a host is never full below this many requests |
 //! | `vnodes` | 100 | ring points per unit of weight |
 //! | `chunk_bytes` | 64 | chunk size of the chained prefix hash (a 16-token KV block at ~4 bytes/token) |
 //! | `max_body_bytes` | 1048576 | larger bodies are not buffered: fallback `body_too_large` |
@@ -142,6 +143,8 @@ pub struct RawConfig {
     pub hosts: Vec<RawHost>,
     #[serde(default = "d_capacity")]
     pub capacity_factor: f64,
+    #[serde(default = "d_min_capacity")]
+    pub min_capacity: f64,
     #[serde(default = "d_vnodes")]
     pub vnodes: u32,
     #[serde(default = "d_chunk")]
@@ -183,6 +186,9 @@ fn d_ttl() -> u64 {
 }
 fn d_capacity() -> f64 {
     1.25
+}
+fn d_min_capacity() -> f64 {
+    8.0
 }
 fn d_vnodes() -> u32 {
     100
@@ -266,6 +272,8 @@ pub struct LoadConfig {
 pub struct Config {
     pub hosts: Vec<Host>,
     pub capacity_factor: f64,
+    /// Capacity floor per unit of weight.
+    pub min_capacity: f64,
     pub vnodes: u32,
     pub chunk_bytes: usize,
     pub max_body_bytes: u64,
@@ -365,6 +373,14 @@ impl RawConfig {
                 "capacity_factor",
                 c,
                 "must be >= 1 (1 = perfect balance) and <= 100",
+            ));
+        }
+        let m = self.min_capacity;
+        if !(m.is_finite() && (0.0..=1_000_000.0).contains(&m)) {
+            return Err(err(
+                "min_capacity",
+                m,
+                "must be >= 0 (0 = pure bounded loads) and <= 1000000",
             ));
         }
         if self.vnodes == 0 || self.vnodes > MAX_VNODES {
@@ -487,6 +503,7 @@ impl RawConfig {
         Ok(Config {
             hosts,
             capacity_factor: c,
+            min_capacity: m,
             vnodes: self.vnodes,
             chunk_bytes: self.chunk_bytes as usize,
             max_body_bytes: self.max_body_bytes,
@@ -547,6 +564,7 @@ impl RawConfig {
         RawConfig {
             hosts: vec![],
             capacity_factor: d_capacity(),
+            min_capacity: d_min_capacity(),
             vnodes: d_vnodes(),
             chunk_bytes: d_chunk(),
             max_body_bytes: d_max_body(),
@@ -572,6 +590,7 @@ mod tests {
     fn minimal_config_gets_defaults() {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:8000"}]}"#).unwrap();
         assert_eq!(c.capacity_factor, 1.25);
+        assert_eq!(c.min_capacity, 8.0);
         assert_eq!(c.vnodes, 100);
         assert_eq!(c.chunk_bytes, 64);
         assert_eq!(c.hosts[0].name, "127.0.0.1:8000");
@@ -614,6 +633,8 @@ mod tests {
         assert_eq!(e.field, "destination_header");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_format":"BIN"}}"#);
         assert_eq!(e.field, "load.orca_format");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"min_capacity":-1}"#);
+        assert_eq!(e.field, "min_capacity");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"vnodes":0}"#);
         assert_eq!(e.field, "vnodes");
         let e = bad("not json");

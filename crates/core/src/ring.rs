@@ -17,7 +17,11 @@
 //! ```
 //!
 //! and the request goes to the first host on the key's walk with
-//! `load_h < cap_h`. Because `sum_h cap_h >= c * (L + 1) > L` for `c >= 1`,
+//! `load_h < cap_h`. An optional floor `min_capacity` (per unit weight)
+//! raises small capacities: `cap_h = max(cap_h, ceil(min_capacity * w_h))`,
+//! so at low absolute load (a few requests per replica, where a replica's
+//! batch has room and imbalance costs nothing) keys are not spilled away
+//! from their cache by counting noise. Because `sum_h cap_h >= c * (L + 1) > L` for `c >= 1`,
 //! some host is always under its capacity, so the walk always has a choice and
 //! no host ends above its bound. The walk order depends only on the config,
 //! so every proxy spills a key to the same second choice.
@@ -43,6 +47,26 @@ pub struct Ring {
     points: Vec<(u64, u32)>,
     weights: Vec<f64>,
     total_weight: f64,
+}
+
+/// The load bound: `cap_h = max(ceil(factor * (L + 1) * w_h / W),
+/// ceil(min_capacity * w_h))`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Bound {
+    /// `c`, at least 1.
+    pub factor: f64,
+    /// Floor per unit of weight (0: pure bounded loads).
+    pub min_capacity: f64,
+}
+
+impl Bound {
+    /// Pure bounded loads with factor `c` (no floor).
+    pub fn factor(c: f64) -> Bound {
+        Bound {
+            factor: c,
+            min_capacity: 0.0,
+        }
+    }
 }
 
 /// Where a key was placed.
@@ -102,19 +126,28 @@ impl Ring {
         }
     }
 
-    /// Capacity of host `h` at total load `total`: `ceil(c (L+1) w_h / W)`.
-    pub fn capacity(&self, h: usize, total: u64, c: f64) -> u64 {
+    /// Capacity of host `h` at total load `total`:
+    /// `max(ceil(c (L+1) w_h / W), ceil(min_capacity w_h))`.
+    pub fn capacity(&self, h: usize, total: u64, b: &Bound) -> u64 {
         let w = self.weights.get(h).copied().unwrap_or(0.0);
         if self.total_weight <= 0.0 {
             return 0;
         }
-        (c * (total as f64 + 1.0) * w / self.total_weight).ceil() as u64
+        let share = (b.factor * (total as f64 + 1.0) * w / self.total_weight).ceil() as u64;
+        let floor = (b.min_capacity * w).ceil() as u64;
+        share.max(floor)
     }
 
     /// Bounded-load placement of `key` given each host's load (indexed like
     /// the hosts) and `eligible` (hosts that may be chosen at all). Returns
     /// `None` only if no host is eligible.
-    pub fn place(&self, key: u64, loads: &[u64], c: f64, eligible: &[bool]) -> Option<Placement> {
+    pub fn place(
+        &self,
+        key: u64,
+        loads: &[u64],
+        b: &Bound,
+        eligible: &[bool],
+    ) -> Option<Placement> {
         let total: u64 = loads.iter().sum();
         let mut skipped = 0u32;
         let mut best: Option<(usize, f64)> = None;
@@ -123,7 +156,7 @@ impl Ring {
                 continue;
             }
             let load = loads.get(h).copied().unwrap_or(0);
-            if load < self.capacity(h, total, c) {
+            if load < self.capacity(h, total, b) {
                 return Some(Placement { host: h, skipped });
             }
             skipped += 1;
@@ -248,8 +281,14 @@ mod tests {
         let ratio = c[0] as f64 / c[1] as f64;
         assert!(ratio > 2.2 && ratio < 4.0, "{ratio}");
         assert_eq!(r.points(), 400);
-        assert_eq!(r.capacity(0, 99, 1.0), 75);
-        assert_eq!(r.capacity(1, 99, 1.0), 25);
+        assert_eq!(r.capacity(0, 99, &Bound::factor(1.0)), 75);
+        assert_eq!(r.capacity(1, 99, &Bound::factor(1.0)), 25);
+        let floored = Bound {
+            factor: 1.0,
+            min_capacity: 8.0,
+        };
+        assert_eq!(r.capacity(1, 3, &floored), 8);
+        assert_eq!(r.capacity(0, 3, &floored), 24);
     }
 
     #[test]
@@ -260,7 +299,7 @@ mod tests {
     }
 
     /// Naive reference: scan the full clockwise point list.
-    fn naive_place(r: &Ring, key: u64, loads: &[u64], c: f64) -> Placement {
+    fn naive_place(r: &Ring, key: u64, loads: &[u64], c: f64, floor: f64) -> Placement {
         let total: u64 = loads.iter().sum();
         let mut pts = r.points.clone();
         pts.sort();
@@ -271,7 +310,8 @@ mod tests {
             if seen.contains(&h) {
                 continue;
             }
-            let cap = (c * (total as f64 + 1.0) * r.weights[h] / r.total_weight).ceil() as u64;
+            let cap = ((c * (total as f64 + 1.0) * r.weights[h] / r.total_weight).ceil() as u64)
+                .max((floor * r.weights[h]).ceil() as u64);
             if loads[h] < cap {
                 return Placement {
                     host: h,
@@ -290,13 +330,15 @@ mod tests {
             loads in proptest::collection::vec(0u64..50, 12),
             key in any::<u64>(),
             c in 1.0f64..3.0,
+            floor in prop_oneof![Just(0.0f64), 0.0f64..20.0],
         ) {
             let r = ring(&names(n), 20);
             let loads = &loads[..n];
-            let p = r.place(key, loads, c, &vec![true; n]).unwrap();
-            prop_assert_eq!(p, naive_place(&r, key, loads, c));
+            let b = Bound { factor: c, min_capacity: floor };
+            let p = r.place(key, loads, &b, &vec![true; n]).unwrap();
+            prop_assert_eq!(p, naive_place(&r, key, loads, c, floor));
             let total: u64 = loads.iter().sum();
-            prop_assert!(loads[p.host] < r.capacity(p.host, total, c));
+            prop_assert!(loads[p.host] < r.capacity(p.host, total, &b));
         }
 
         /// Routing a stream of keys one by one (each adding one unit of load)
@@ -312,9 +354,10 @@ mod tests {
             let mut loads = vec![0u64; n];
             for _ in 0..m {
                 // Every request has the same key: the worst case for affinity.
-                let p = r.place(hot, &loads, c, &vec![true; n]).unwrap();
+                let b = Bound::factor(c);
+                let p = r.place(hot, &loads, &b, &vec![true; n]).unwrap();
                 let total: u64 = loads.iter().sum();
-                prop_assert!(loads[p.host] < r.capacity(p.host, total, c));
+                prop_assert!(loads[p.host] < r.capacity(p.host, total, &b));
                 loads[p.host] += 1;
             }
             let total: u64 = loads.iter().sum();

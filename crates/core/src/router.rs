@@ -13,7 +13,7 @@ use crate::extract::{extract, Api, ExtractError};
 use crate::hash;
 use crate::key::KeySink;
 use crate::load::HostLoad;
-use crate::ring::Ring;
+use crate::ring::{Bound, Ring};
 
 /// Why a request was left to Envoy's own load balancing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -269,6 +269,14 @@ impl Router {
         })
     }
 
+    /// The load bound of this config.
+    pub fn bound(&self) -> Bound {
+        Bound {
+            factor: self.cfg.capacity_factor,
+            min_capacity: self.cfg.min_capacity,
+        }
+    }
+
     /// Place a key given each host's load (indexed like the config's hosts).
     pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
         let ttl = self.cfg.load.report_ttl_ms;
@@ -276,10 +284,7 @@ impl Router {
             .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
             .collect();
         let eligible = vec![true; eff.len()];
-        match self
-            .ring
-            .place(key.hash, &eff, self.cfg.capacity_factor, &eligible)
-        {
+        match self.ring.place(key.hash, &eff, &self.bound(), &eligible) {
             Some(p) => Decision::Routed {
                 host: p.host,
                 skipped: p.skipped,

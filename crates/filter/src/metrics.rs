@@ -1,5 +1,6 @@
-//! Counters, defined once per VM and named `prefix_router.*`. Envoy exposes
-//! them with a `wasmcustom.` prefix (Prometheus: `envoy_wasmcustom_prefix_router_*`).
+//! Counters, defined once per VM and named `prefix_router.*`. Envoy 1.40
+//! shows them in `/stats` as `wasmcustom.prefix_router.*` and in
+//! `/stats/prometheus` as `prefix_router_*` (no prefix).
 //!
 //! | name | meaning |
 //! |---|---|

@@ -41,9 +41,10 @@ impl RootContext for Root {
                 host::log(
                     LogLevel::Info,
                     &format!(
-                        "prefix-router: configured {} hosts, capacity_factor {}, {} vnodes/host, chunk {} bytes, key mode {:?}, max body {} bytes",
+                        "prefix-router: configured {} hosts, capacity_factor {}, min_capacity {}, {} vnodes/host, chunk {} bytes, key mode {:?}, max body {} bytes",
                         cfg.hosts.len(),
                         cfg.capacity_factor,
+                        cfg.min_capacity,
                         cfg.vnodes,
                         cfg.chunk_bytes,
                         cfg.key.mode,

@@ -251,6 +251,27 @@ impl Replica {
         self.reqs.is_empty()
     }
 
+    /// Keep the KV blocks of a finished request's prompt **and output** in the
+    /// prefix cache, as vLLM does for the full blocks a request computed
+    /// (generated tokens included): the next turn of a chat, whose prompt
+    /// extends this one with the reply, then hits them too. `extended` is the
+    /// prompt the server would build from prompt + output text. The blocks
+    /// go in unpinned (evictable, most recently used); nothing is inserted if
+    /// they do not fit next to what running requests pin. Returns whether
+    /// they were inserted. Does not count as a cache query.
+    pub fn remember(&mut self, extended: &Prompt) -> bool {
+        let blocks = extended.blocks();
+        if extended.block_tokens() != self.cache.block_tokens() {
+            return false;
+        }
+        if self.cache.acquire(blocks, 0, false) {
+            self.cache.release(blocks, 0);
+            true
+        } else {
+            false
+        }
+    }
+
     /// Drop all unpinned cached blocks and zero the cache counters.
     pub fn reset_cache(&mut self) {
         self.cache.clear();
@@ -532,6 +553,30 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn remembered_output_blocks_serve_the_next_turn() {
+        let mut r = Replica::new(model());
+        let turn1 =
+            b"<|user|>\nhello there, how are you today my friend?\n<|assistant|>\n".repeat(8);
+        let reply = b"fine thanks ".repeat(40);
+        let p1 = Prompt::from_bytes(&turn1, 16);
+        r.submit(1, p1, 4, 0.0).unwrap();
+        let t = run_all(&mut r).last().unwrap().time();
+        let mut ext = turn1.clone();
+        ext.extend_from_slice(&reply);
+        assert!(r.remember(&Prompt::from_bytes(&ext, 16)));
+        let mut turn2 = ext.clone();
+        turn2.extend_from_slice(b"\n<|user|>\nand then?\n<|assistant|>\n");
+        let p2 = Prompt::from_bytes(&turn2, 16);
+        let full_ext_blocks = (ext.len() / 64) as u64 * 16;
+        let info = r.submit(2, p2, 4, t).unwrap();
+        assert_eq!(info.cached_tokens, Some(full_ext_blocks));
+        // Without remembering, only turn 1's prompt blocks would hit.
+        assert!(full_ext_blocks > (turn1.len() / 64) as u64 * 16);
+        // Wrong block size: refused.
+        assert!(!r.remember(&Prompt::from_bytes(&ext, 32)));
     }
 
     #[test]
