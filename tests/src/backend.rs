@@ -17,6 +17,8 @@ pub struct BackendOptions {
     pub decode_ms_per_token: f64,
     /// Multiplies every simulated duration (0.1 = ten times faster than "real").
     pub time_scale: f64,
+    /// `--instant`: answer generations at once (overhead measurements).
+    pub instant: bool,
 }
 
 impl Default for BackendOptions {
@@ -28,6 +30,7 @@ impl Default for BackendOptions {
             prefill_tokens_per_s: 8000.0,
             decode_ms_per_token: 10.0,
             time_scale: 0.5,
+            instant: false,
         }
     }
 }
@@ -66,6 +69,9 @@ impl Backend {
                 .arg(opts.decode_ms_per_token.to_string())
                 .arg("--time-scale")
                 .arg(opts.time_scale.to_string());
+            if opts.instant {
+                cmd.arg("--instant");
+            }
             let log = dir.join(format!("backend-{name}-{attempt}.log"));
             let child = ChildGuard::spawn(&format!("backend {name}"), cmd, &log)?;
             let mut b = Backend {

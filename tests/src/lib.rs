@@ -21,6 +21,7 @@ pub mod backend;
 pub mod envoy;
 pub mod http;
 pub mod lab;
+pub mod overhead;
 pub mod paths;
 pub mod process;
 pub mod prom;

@@ -31,6 +31,12 @@ options:
   --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
                       '{\"capacity_factor\": 2.0}' (default: none)
 
+usage: prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
+
+Measures the filter's added latency: Envoy without a filter, with the do-nothing testbed
+filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
+Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
+
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
 target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
 target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.
@@ -172,10 +178,34 @@ fn demo(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn overhead(args: &[String]) -> Result<(), String> {
+    let mut opts = prefix_router_lab::overhead::OverheadOptions::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = || format!("bad value for {flag}: {v}");
+        match flag.as_str() {
+            "--rounds" => opts.rounds = v.parse().map_err(|_| bad())?,
+            "--per-round" => opts.per_round = v.parse().map_err(|_| bad())?,
+            "--sizes" => {
+                opts.sizes = v
+                    .split(',')
+                    .map(|s| s.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .map_err(|_| bad())?
+            }
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    println!("{}", prefix_router_lab::overhead::run(&opts)?);
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
+        Some("overhead") => overhead(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;

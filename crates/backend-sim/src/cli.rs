@@ -21,6 +21,9 @@ pub struct Config {
     pub time_scale: f64,
     /// Longest prompt + output accepted, tokens (like vLLM `--max-model-len`).
     pub max_model_len: u64,
+    /// Answer generation requests at once with a fixed tiny completion,
+    /// bypassing the replica model (for measuring proxy overhead only).
+    pub instant: bool,
 }
 
 impl Default for Config {
@@ -32,6 +35,7 @@ impl Default for Config {
             cost: CostModel::default(),
             time_scale: 1.0,
             max_model_len: 131_072,
+            instant: false,
         }
     }
 }
@@ -70,6 +74,8 @@ FLAGS:
     --attention-coeff X           quadratic prefill attention term, 0 = off [default: {ac}]
     --max-model-len N             max prompt + output tokens per request [default: {mml}]
     --time-scale X                multiply all simulated durations (0.1 = 10x faster)
+    --instant                     answer generations at once with a fixed reply, bypassing
+                                  the replica model (proxy overhead measurements only)
                                   [default: {ts}]
     -h, --help                    print this help
     -V, --version                 print the version
@@ -179,6 +185,7 @@ where
             "--attention-coeff" => cfg.cost.attention_coeff = nonneg(&flag, &value()?)?,
             "--max-model-len" => cfg.max_model_len = num(&flag, &value()?)?,
             "--time-scale" => cfg.time_scale = positive(&flag, &value()?)?,
+            "--instant" => cfg.instant = true,
             other => return Err(format!("unknown argument {other:?} (see --help)")),
         }
     }

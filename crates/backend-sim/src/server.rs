@@ -564,6 +564,13 @@ impl Shared {
 
     fn generate(&self, req: &Request, g: GenRequest, w: &mut TcpStream) -> Keep {
         let keep = req.keep_alive();
+        if self.cfg.instant {
+            // Overhead measurements: no scheduler, no cache, no waiting.
+            let (h, _) = self.headers(Some(req), 0, "application/json");
+            let body = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}]}"#;
+            http::write_response(w, 200, &h, body, keep)?;
+            return Ok(keep);
+        }
         let prompt = Prompt::from_bytes(&g.prompt, self.cfg.cost.block_tokens);
         let prompt_tokens = prompt.tokens();
         let extended = {

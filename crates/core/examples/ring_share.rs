@@ -1,6 +1,8 @@
 //! Prints each host's share of the ring (fraction of the 2^64 key space it
 //! owns) for the given host names: `cargo run -p prefix-router-core --example
 //! ring_share -- [--vnodes N] name1 name2 ...`.
+#![allow(clippy::indexing_slicing)]
+
 use prefix_router_core::ring::Ring;
 
 fn main() {

@@ -4,6 +4,9 @@
 //! - `noop`: does nothing on every callback. The baseline for measuring
 //!   prefix-router's own overhead: both run on the same Envoy, same runtime,
 //!   same request, in the same benchmark run.
+//! - `buffer-body`: pauses on request headers and resumes at the end of the
+//!   body without looking at it: the cost any body-based router pays before
+//!   doing its own work (needs `allow_on_headers_stop_iteration`).
 //! - `panic-on-header`: panics (a trap in the VM) when a request carries
 //!   `x-testbed-panic`. Used to test the failure policy chosen in
 //!   `envoy/envoy.yaml` (`FAIL_OPEN`): after the VM dies, requests must still
@@ -14,9 +17,17 @@
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, MapType};
 
+#[derive(Default, Clone, Copy, PartialEq)]
+enum Mode {
+    #[default]
+    Noop,
+    BufferBody,
+    PanicOnHeader,
+}
+
 #[derive(Default, Clone, Copy)]
 struct Root {
-    panic_mode: bool,
+    mode: Mode,
 }
 
 impl Context for Root {}
@@ -33,17 +44,19 @@ impl RootContext for Root {
         .unwrap_or_default();
         match cfg.as_slice() {
             b"noop" | b"" => true,
+            b"buffer-body" => {
+                self.mode = Mode::BufferBody;
+                true
+            }
             b"panic-on-header" => {
-                self.panic_mode = true;
+                self.mode = Mode::PanicOnHeader;
                 true
             }
             _ => false,
         }
     }
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http {
-            panic_mode: self.panic_mode,
-        }))
+        Some(Box::new(Http { mode: self.mode }))
     }
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
@@ -51,14 +64,17 @@ impl RootContext for Root {
 }
 
 struct Http {
-    panic_mode: bool,
+    mode: Mode,
 }
 
 impl Context for Http {}
 
 impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _n: usize, _eos: bool) -> Action {
-        if self.panic_mode {
+    fn on_http_request_headers(&mut self, _n: usize, eos: bool) -> Action {
+        if self.mode == Mode::BufferBody && !eos {
+            return Action::Pause;
+        }
+        if self.mode == Mode::PanicOnHeader {
             let hit = proxy_wasm::hostcalls::get_map_value(
                 MapType::HttpRequestHeaders,
                 "x-testbed-panic",
@@ -70,6 +86,13 @@ impl HttpContext for Http {
             if hit {
                 panic!("testbed: panic requested by x-testbed-panic");
             }
+        }
+        Action::Continue
+    }
+
+    fn on_http_request_body(&mut self, _size: usize, eos: bool) -> Action {
+        if self.mode == Mode::BufferBody && !eos {
+            return Action::Pause;
         }
         Action::Continue
     }

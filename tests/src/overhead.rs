@@ -1,0 +1,222 @@
+//! `prefix-router-lab overhead`: what the filter adds per request inside Envoy.
+//!
+//! Three Envoys in one run, each in front of its own 2 backend simulators
+//! (`--instant`: a fixed reply written at once, no scheduler):
+//! - `no-filter`: envoy-round-robin.yaml (no wasm filter),
+//! - `noop-wasm`: envoy.yaml with the testbed's do-nothing filter (same
+//!   runtime, same plugin config knobs),
+//! - `buffer-wasm`: the testbed filter that only pauses and buffers the body
+//!   (what any body-based router pays before its own work),
+//! - `prefix-router`: envoy.yaml as committed.
+//!
+//! One client thread, keep-alive, sends the same sequence of chat bodies to
+//! each, in interleaved rounds (A, B, C, A, B, C …) so that machine noise hits
+//! all three alike. The figure that matters is `prefix-router - noop-wasm`:
+//! the filter's own work (buffering, parsing, hashing, shared data, headers),
+//! with the cost of having any wasm filter at all separated out.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::backend::BackendOptions;
+use crate::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
+use crate::http;
+use crate::lab::{Lab, LabOptions};
+use crate::paths;
+
+/// Options of the overhead run.
+#[derive(Debug, Clone)]
+pub struct OverheadOptions {
+    /// Requests per configuration per round.
+    pub per_round: usize,
+    pub rounds: usize,
+    /// Approximate body sizes to measure (bytes).
+    pub sizes: Vec<usize>,
+}
+
+impl Default for OverheadOptions {
+    fn default() -> Self {
+        OverheadOptions {
+            per_round: 200,
+            rounds: 5,
+            sizes: vec![1_000, 16_000, 128_000],
+        }
+    }
+}
+
+/// A chat body of about `bytes`, unique per `i` (distinct conversations).
+fn body(bytes: usize, i: usize) -> String {
+    let filler = "the replica holds the prefix of this conversation in its cache ";
+    let mut msgs = vec![
+        json!({"role": "system", "content": "You are a helpful assistant."}),
+        json!({"role": "user", "content": format!("conversation {i}: hello")}),
+    ];
+    let mut size = 200;
+    let mut turn = 0;
+    while size < bytes {
+        let n = (bytes - size).min(2000);
+        let text: String = filler.chars().cycle().take(n).collect();
+        let role = if turn % 2 == 0 { "assistant" } else { "user" };
+        msgs.push(json!({"role": role, "content": text}));
+        size += n + 40;
+        turn += 1;
+    }
+    if turn % 2 == 1 {
+        msgs.push(json!({"role": "user", "content": "and?"}));
+    }
+    json!({"model": "sim-llm", "max_tokens": 1, "stream": false, "messages": msgs}).to_string()
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs the measurement and returns the printed table.
+pub fn run(opts: &OverheadOptions) -> Result<String, String> {
+    let backend = BackendOptions {
+        instant: true,
+        ..BackendOptions::default()
+    };
+    let testbed = paths::testbed_wasm().map_err(|e| e.to_string())?;
+    let configs: Vec<(&str, EnvoyOptions)> = vec![
+        (
+            "no-filter",
+            EnvoyOptions {
+                mode: EnvoyMode::RoundRobin,
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+        (
+            "noop-wasm",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Raw("noop".into()),
+                wasm: Some(testbed.clone()),
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+        (
+            "buffer-wasm",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Raw("buffer-body".into()),
+                wasm: Some(testbed.clone()),
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+        (
+            "prefix-router",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+    ];
+    let mut labs = Vec::new();
+    for (name, e) in &configs {
+        let lab = Lab::start(&LabOptions {
+            label: format!("overhead-{name}"),
+            backends: 2,
+            backend: backend.clone(),
+            envoy: Some(e.clone()),
+        })
+        .map_err(|e| format!("{name}: {e}"))?;
+        labs.push(lab);
+    }
+    let agent = http::agent(Duration::from_secs(30));
+    let mut out = String::new();
+    out.push_str(&format!(
+        "Envoy 1.40 (v8), 1 worker; {} rounds x {} requests per config and size, interleaved; \
+         latency = client send to full response, loopback, keep-alive\n\n",
+        opts.rounds, opts.per_round
+    ));
+    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router p50 / p90 | prefix-router - noop (p50) | prefix-router - buffer (p50) | noop - no-filter (p50) |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|\n");
+    for &size in &opts.sizes {
+        let bodies: Vec<String> = (0..opts.per_round).map(|i| body(size, i)).collect();
+        let actual = bodies.first().map(|b| b.len()).unwrap_or(0);
+        let mut lat: Vec<Vec<f64>> = vec![Vec::new(); labs.len()];
+        // Warm-up: connections, VM, caches.
+        for lab in &labs {
+            let url = lab
+                .envoy()
+                .map_err(|e| e.to_string())?
+                .url("/v1/chat/completions");
+            for b in bodies.iter().take(20) {
+                http::post(&agent, &url, &[], b).map_err(|e| e.to_string())?;
+            }
+        }
+        for _ in 0..opts.rounds {
+            for (k, lab) in labs.iter().enumerate() {
+                let url = lab
+                    .envoy()
+                    .map_err(|e| e.to_string())?
+                    .url("/v1/chat/completions");
+                for b in &bodies {
+                    let t = Instant::now();
+                    let r = http::post(&agent, &url, &[], b).map_err(|e| e.to_string())?;
+                    let us = t.elapsed().as_secs_f64() * 1e6;
+                    if r.status != 200 {
+                        return Err(format!("{}: status {}", configs[k].0, r.status));
+                    }
+                    lat[k].push(us);
+                }
+            }
+        }
+        for l in &mut lat {
+            l.sort_by(|a, b| a.total_cmp(b));
+        }
+        let p50: Vec<f64> = lat.iter().map(|l| pct(l, 0.5)).collect();
+        let p90: Vec<f64> = lat.iter().map(|l| pct(l, 0.9)).collect();
+        out.push_str(&format!(
+            "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
+            actual as f64 / 1000.0,
+            p50[0],
+            p90[0],
+            p50[1],
+            p90[1],
+            p50[2],
+            p90[2],
+            p50[3],
+            p90[3],
+            p50[3] - p50[1],
+            p50[3] - p50[2],
+            p50[1] - p50[0]
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_have_the_requested_size_and_are_valid_chat() {
+        for size in [1_000, 16_000, 128_000] {
+            let b = body(size, 3);
+            assert!(
+                b.len() >= size && b.len() < size + 4_000,
+                "{size}: {}",
+                b.len()
+            );
+            let v: serde_json::Value = serde_json::from_str(&b).unwrap();
+            let msgs = v["messages"].as_array().unwrap();
+            assert_eq!(msgs.last().unwrap()["role"], "user");
+        }
+        assert_ne!(body(1000, 1), body(1000, 2));
+    }
+}
