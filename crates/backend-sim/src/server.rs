@@ -573,11 +573,6 @@ impl Shared {
         }
         let prompt = Prompt::from_bytes(&g.prompt, self.cfg.cost.block_tokens);
         let prompt_tokens = prompt.tokens();
-        let extended = {
-            let mut b = g.prompt.clone();
-            b.extend_from_slice(openai::text_range(0, g.max_tokens).as_bytes());
-            Prompt::from_bytes(&b, self.cfg.cost.block_tokens)
-        };
         let total = prompt_tokens.saturating_add(g.max_tokens);
         if total > self.cfg.max_model_len {
             let e = ApiError::bad_request(format!(
@@ -586,6 +581,13 @@ impl Shared {
             ));
             return self.respond_error(w, Some(req), &e, keep);
         }
+        // Prompt + the text this request will generate: what stays cached at
+        // Done (built after the length check: max_tokens is bounded here).
+        let extended = {
+            let mut b = g.prompt.clone();
+            b.extend_from_slice(openai::text_range(0, g.max_tokens).as_bytes());
+            Prompt::from_bytes(&b, self.cfg.cost.block_tokens)
+        };
         let (tx, rx) = mpsc::channel();
         let id = {
             let mut st = self.lock();
