@@ -86,6 +86,7 @@ fn bench_place(c: &mut Criterion) {
             .map(|i| HostLoad {
                 inflight: if i + 2 < n { 100 } else { 0 },
                 report: None,
+                ejected: false,
             })
             .collect();
         let key = match r.key(Api::ChatCompletions, &chat_body(1000), None) {

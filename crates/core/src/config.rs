@@ -27,6 +27,9 @@
 //! | `load.orca_metrics` | `["num_requests_waiting"]` | ORCA named metrics summed into the reported queue depth |
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
+//! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
+//! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics` |
 
 use serde::Deserialize;
 use std::fmt;
@@ -136,6 +139,45 @@ impl Default for RawLoad {
     }
 }
 
+/// Passive health settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHealth {
+    #[serde(default = "d_failures")]
+    pub failure_threshold: u32,
+    #[serde(default = "d_cooldown")]
+    pub cooldown_ms: u64,
+}
+
+impl Default for RawHealth {
+    fn default() -> Self {
+        RawHealth {
+            failure_threshold: d_failures(),
+            cooldown_ms: d_cooldown(),
+        }
+    }
+}
+
+/// Active scrape settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawScrape {
+    /// Envoy cluster holding the replicas (the scrape goes through it).
+    pub cluster: String,
+    #[serde(default = "d_scrape_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "d_scrape_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default = "d_scrape_path")]
+    pub path: String,
+    /// `vllm` or `sglang`: default metric names.
+    #[serde(default)]
+    pub preset: Option<String>,
+    /// Metric names summed into the queue depth (overrides the preset).
+    #[serde(default)]
+    pub queue_metrics: Option<Vec<String>>,
+}
+
 /// The filter JSON.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -161,6 +203,10 @@ pub struct RawConfig {
     pub key: RawKey,
     #[serde(default)]
     pub load: RawLoad,
+    #[serde(default)]
+    pub health: RawHealth,
+    #[serde(default)]
+    pub scrape: Option<RawScrape>,
 }
 
 fn d_mode() -> String {
@@ -183,6 +229,21 @@ fn d_queue_header() -> Option<String> {
 }
 fn d_ttl() -> u64 {
     10_000
+}
+fn d_failures() -> u32 {
+    5
+}
+fn d_cooldown() -> u64 {
+    10_000
+}
+fn d_scrape_interval() -> u64 {
+    1_000
+}
+fn d_scrape_timeout() -> u64 {
+    500
+}
+fn d_scrape_path() -> String {
+    "/metrics".into()
 }
 fn d_capacity() -> f64 {
     1.25
@@ -267,6 +328,16 @@ pub struct LoadConfig {
     pub report_ttl_ms: u64,
 }
 
+/// Validated active-scrape settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScrapeConfig {
+    pub cluster: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub path: String,
+    pub queue_metrics: Vec<String>,
+}
+
 /// The validated, immutable configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -283,6 +354,8 @@ pub struct Config {
     pub decision_header: Option<String>,
     pub key: KeyConfig,
     pub load: LoadConfig,
+    pub health: crate::health::HealthConfig,
+    pub scrape: Option<ScrapeConfig>,
 }
 
 /// Upper bounds that keep a typo from exhausting a proxy's memory.
@@ -500,6 +573,24 @@ impl RawConfig {
                 "must be 1..=3600000",
             ));
         }
+        if self.health.failure_threshold > 1000 {
+            return Err(err(
+                "health.failure_threshold",
+                self.health.failure_threshold,
+                "must be 0 (off) ..= 1000",
+            ));
+        }
+        if self.health.cooldown_ms == 0 || self.health.cooldown_ms > 3_600_000 {
+            return Err(err(
+                "health.cooldown_ms",
+                self.health.cooldown_ms,
+                "must be 1..=3600000",
+            ));
+        }
+        let scrape = match &self.scrape {
+            None => None,
+            Some(sc) => Some(compile_scrape(sc)?),
+        };
         Ok(Config {
             hosts,
             capacity_factor: c,
@@ -523,8 +614,74 @@ impl RawConfig {
                 queue_header,
                 report_ttl_ms: self.load.report_ttl_ms,
             },
+            health: crate::health::HealthConfig {
+                failure_threshold: self.health.failure_threshold,
+                cooldown_ms: self.health.cooldown_ms,
+            },
+            scrape,
         })
     }
+}
+
+fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
+    if sc.cluster.is_empty() {
+        return Err(err(
+            "scrape.cluster",
+            "\"\"",
+            "name the Envoy cluster of the replicas",
+        ));
+    }
+    if !(100..=600_000).contains(&sc.interval_ms) {
+        return Err(err(
+            "scrape.interval_ms",
+            sc.interval_ms,
+            "must be 100..=600000",
+        ));
+    }
+    if sc.timeout_ms == 0 || sc.timeout_ms > sc.interval_ms {
+        return Err(err(
+            "scrape.timeout_ms",
+            sc.timeout_ms,
+            "must be >= 1 and <= scrape.interval_ms",
+        ));
+    }
+    if !sc.path.starts_with('/') {
+        return Err(err(
+            "scrape.path",
+            format!("{:?}", sc.path),
+            "must start with '/'",
+        ));
+    }
+    let preset: Vec<String> = match sc.preset.as_deref() {
+        None | Some("vllm") => vec!["vllm:num_requests_waiting".into()],
+        Some("sglang") => vec!["sglang:num_queue_reqs".into()],
+        Some(other) => {
+            return Err(err(
+                "scrape.preset",
+                format!("{other:?}"),
+                "must be \"vllm\" or \"sglang\" (or give scrape.queue_metrics)",
+            ))
+        }
+    };
+    let queue_metrics = sc.queue_metrics.clone().unwrap_or(preset);
+    if queue_metrics.is_empty()
+        || queue_metrics
+            .iter()
+            .any(|m| m.is_empty() || m.contains([' ', '{']))
+    {
+        return Err(err(
+            "scrape.queue_metrics",
+            format!("{queue_metrics:?}"),
+            "name at least one metric, without labels",
+        ));
+    }
+    Ok(ScrapeConfig {
+        cluster: sc.cluster.clone(),
+        interval_ms: sc.interval_ms,
+        timeout_ms: sc.timeout_ms,
+        path: sc.path.clone(),
+        queue_metrics,
+    })
 }
 
 impl Config {
@@ -573,6 +730,8 @@ impl RawConfig {
             decision_header: None,
             key: RawKey::default(),
             load: RawLoad::default(),
+            health: RawHealth::default(),
+            scrape: None,
         }
     }
 }
@@ -637,6 +796,23 @@ mod tests {
         assert_eq!(e.field, "min_capacity");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"vnodes":0}"#);
         assert_eq!(e.field, "vnodes");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"health":{"cooldown_ms":0}}"#);
+        assert_eq!(e.field, "health.cooldown_ms");
+        let e = bad(
+            r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"tgi"}}"#,
+        );
+        assert_eq!(e.field, "scrape.preset");
+        let e = bad(
+            r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","interval_ms":1000,"timeout_ms":2000}}"#,
+        );
+        assert_eq!(e.field, "scrape.timeout_ms");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"interval_ms":1000}}"#);
+        assert_eq!(e.field, "cluster");
+        let ok = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"sglang"}}"#).unwrap();
+        assert_eq!(
+            ok.scrape.unwrap().queue_metrics,
+            vec!["sglang:num_queue_reqs".to_string()]
+        );
         let e = bad("not json");
         assert!(e.to_string().contains("invalid prefix-router config"));
     }

@@ -24,10 +24,12 @@
 pub mod config;
 pub mod extract;
 pub mod hash;
+pub mod health;
 pub mod key;
 pub mod load;
 pub mod ring;
 pub mod router;
+pub mod scrape;
 
 pub use config::{Config, ConfigError};
 pub use router::{Decision, FallbackCause, Key, KeySource, RequestHead, Router};

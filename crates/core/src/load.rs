@@ -45,6 +45,8 @@ pub struct HostLoad {
     pub inflight: u64,
     /// Last report, if any.
     pub report: Option<Report>,
+    /// Out of rotation (passive health), see [`crate::health`].
+    pub ejected: bool,
 }
 
 impl HostLoad {
@@ -229,7 +231,11 @@ pub fn read_load<S: SharedStore + ?Sized>(
             at_ms: u64::from_le_bytes(t.try_into().ok()?),
         })
     });
-    Ok(HostLoad { inflight, report })
+    Ok(HostLoad {
+        inflight,
+        report,
+        ejected: false,
+    })
 }
 
 /// An in-memory [`SharedStore`] (tests, simulator).
@@ -323,6 +329,7 @@ mod tests {
                 queue: 9.2,
                 at_ms: 1000,
             }),
+            ejected: false,
         };
         assert_eq!(l.effective(1500, 1000), 10);
         assert_eq!(l.effective(2001, 1000), 2);
@@ -332,6 +339,7 @@ mod tests {
                 queue: 1.0,
                 at_ms: 0,
             }),
+            ejected: false,
         };
         assert_eq!(low.effective(0, 10), 5);
     }

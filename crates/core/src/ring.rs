@@ -74,7 +74,8 @@ impl Bound {
 pub struct Placement {
     /// Chosen host index.
     pub host: usize,
-    /// Hosts skipped on the walk because they were at or over capacity.
+    /// Hosts skipped on the walk because they were at or over capacity or
+    /// not eligible (ejected).
     pub skipped: u32,
 }
 
@@ -153,6 +154,7 @@ impl Ring {
         let mut best: Option<(usize, f64)> = None;
         for h in self.walk(key) {
             if !eligible.get(h).copied().unwrap_or(true) {
+                skipped += 1;
                 continue;
             }
             let load = loads.get(h).copied().unwrap_or(0);

@@ -283,7 +283,13 @@ impl Router {
         let eff: Vec<u64> = (0..self.cfg.hosts.len())
             .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
             .collect();
-        let eligible = vec![true; eff.len()];
+        // Ejected hosts are skipped, unless every host is ejected.
+        let mut eligible: Vec<bool> = (0..eff.len())
+            .map(|i| !loads.get(i).is_some_and(|l| l.ejected))
+            .collect();
+        if !eligible.iter().any(|e| *e) {
+            eligible.iter_mut().for_each(|e| *e = true);
+        }
         match self.ring.place(key.hash, &eff, &self.bound(), &eligible) {
             Some(p) => Decision::Routed {
                 host: p.host,
@@ -468,6 +474,45 @@ mod tests {
         // The report goes stale and the key comes back.
         let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 20_000);
         assert!(matches!(d, Decision::Routed { host: h, skipped: 0, .. } if h == host));
+    }
+
+    #[test]
+    fn ejected_owner_spills_to_the_same_successor_and_returns() {
+        let r = router(4);
+        let body = chat("hello", 1);
+        let idle = vec![HostLoad::default(); 4];
+        let Decision::Routed { host, .. } =
+            r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
+        else {
+            panic!()
+        };
+        let second = r
+            .ring()
+            .walk(
+                r.key(Api::ChatCompletions, body.as_bytes(), None)
+                    .unwrap()
+                    .hash,
+            )
+            .nth(1)
+            .unwrap();
+        let mut loads = idle.clone();
+        loads[host].ejected = true;
+        assert!(matches!(
+            r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 0),
+            Decision::Routed { host: h, skipped: 1, .. } if h == second
+        ));
+        // All ejected: ejection is ignored.
+        let all: Vec<HostLoad> = idle
+            .iter()
+            .map(|l| HostLoad {
+                ejected: true,
+                ..*l
+            })
+            .collect();
+        assert!(matches!(
+            r.decide(Api::ChatCompletions, body.as_bytes(), None, &all, 0),
+            Decision::Routed { host: h, skipped: 0, .. } if h == host
+        ));
     }
 
     #[test]
