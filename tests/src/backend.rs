@@ -163,6 +163,11 @@ impl Backend {
         self.child.log()
     }
 
+    /// Kill the process (a replica crash); the port stops accepting.
+    pub fn kill(&mut self) {
+        self.child.kill();
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().is_none()
     }

@@ -101,6 +101,13 @@ impl Lab {
     }
 
     /// Backend name for an `ip:port` address.
+    pub fn backend_mut(&mut self, name: &str) -> Result<&mut Backend> {
+        self.backends
+            .iter_mut()
+            .find(|b| b.name == name)
+            .ok_or_else(|| LabError(format!("no backend named {name}")))
+    }
+
     pub fn backend_by_address(&self, address: &str) -> Option<&Backend> {
         self.backends.iter().find(|b| b.address() == address)
     }

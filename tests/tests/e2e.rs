@@ -601,3 +601,123 @@ fn vm_failure_fails_open() {
         "no trace of the VM failure in the Envoy log"
     );
 }
+
+// 10. Active scrape: one elected VM reads every replica's /metrics through the cluster, so a
+//     queue spike is seen without any request reaching the spiked replica, and its end too.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn active_scrape_sees_a_queue_spike_without_traffic() {
+    let _g = serial();
+    let lab = lab(
+        "e2e-scrape",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Patched(json!({
+            // No response-borne reports: only the scrape can tell.
+            "load": {"orca_format": null, "queue_header": null, "report_ttl_ms": 2000},
+            "scrape": {"cluster": "llm", "interval_ms": 300, "timeout_ms": 250}
+        })),
+    );
+    let agent = http::agent(Duration::from_secs(30));
+    let keys: Vec<String> = (0..16)
+        .map(|i| format!("Scrape test conversation {i}: what is on ticket {i}?"))
+        .collect();
+    let mut home = Vec::new();
+    for k in &keys {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "warm-up request failed: {r:?}");
+        home.push(r.backend.clone().unwrap_or_default());
+    }
+    let spiked = home[0].clone();
+    ok(ok(lab.backend(&spiked)).set_extra_waiting(100));
+    // A few scrape intervals, and no request at all.
+    std::thread::sleep(Duration::from_millis(1200));
+    for (k, h) in keys.iter().zip(&home) {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "request during the spike failed: {r:?}");
+        if *h == spiked {
+            assert_ne!(
+                r.backend.as_deref(),
+                Some(spiked.as_str()),
+                "scrape did not move {k:?} off {spiked}: {:?}\n{}",
+                r.decision,
+                prefix_router_metrics(&lab)
+            );
+        }
+    }
+    let scrapes = filter_counter(&lab, &["prefix_router", "scrapes"]);
+    assert!(
+        scrapes >= 8.0,
+        "only {scrapes} scrapes\n{}",
+        prefix_router_metrics(&lab)
+    );
+    ok(ok(lab.backend(&spiked)).set_extra_waiting(0));
+    std::thread::sleep(Duration::from_millis(1200));
+    for (k, h) in keys.iter().zip(&home) {
+        let r = chat(&agent, &lab, k);
+        assert_eq!(
+            r.backend.as_deref(),
+            Some(h.as_str()),
+            "{k:?} did not come back: {:?}",
+            r.decision
+        );
+    }
+}
+
+// 11. Passive health: a replica that dies is ejected after failure_threshold failed responses,
+//     its keys go to their ring successors (every request succeeds again), and it is readmitted
+//     after the cool-down.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn passive_health_ejects_a_dead_replica() {
+    let _g = serial();
+    let mut lab = lab(
+        "e2e-health",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Patched(json!({"health": {"failure_threshold": 2, "cooldown_ms": 60000}})),
+    );
+    let agent = http::agent(Duration::from_secs(30));
+    let keys: Vec<String> = (0..16)
+        .map(|i| format!("Health test conversation {i}: status of order {i}?"))
+        .collect();
+    let mut home = Vec::new();
+    for k in &keys {
+        let r = chat(&agent, &lab, k);
+        assert!(r.ok(), "warm-up request failed: {r:?}");
+        home.push(r.backend.clone().unwrap_or_default());
+    }
+    let dead = home[0].clone();
+    ok(lab.backend_mut(&dead)).kill();
+    // Its keys: the first two requests fail (connect failure -> 503), then it is ejected.
+    let mut failures = 0;
+    for _ in 0..2 {
+        let r = chat(&agent, &lab, &keys[0]);
+        if !r.ok() {
+            failures += 1;
+        }
+    }
+    assert_eq!(
+        failures, 2,
+        "requests to the dead replica should fail until it is ejected"
+    );
+    assert_eq!(filter_counter(&lab, &["prefix_router", "ejections"]), 1.0);
+    for k in &keys {
+        let r = chat(&agent, &lab, k);
+        assert!(
+            r.ok(),
+            "request after ejection failed: {r:?} ({:?})",
+            r.decision
+        );
+        assert_ne!(r.backend.as_deref(), Some(dead.as_str()));
+    }
+    // Keys of live replicas did not move.
+    for (k, h) in keys.iter().zip(&home) {
+        if *h != dead {
+            let r = chat(&agent, &lab, k);
+            assert_eq!(
+                r.backend.as_deref(),
+                Some(h.as_str()),
+                "{k:?} moved although its replica lives"
+            );
+        }
+    }
+}

@@ -61,6 +61,15 @@ pub fn property_string(path: &[&str]) -> Result<Option<String>, Status> {
     Ok(hostcalls::get_property(path.to_vec())?.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
+/// An integer property (Envoy encodes them as 8 little-endian bytes), e.g.
+/// `response.code`.
+pub fn property_i64(path: &[&str]) -> Result<Option<i64>, Status> {
+    Ok(hostcalls::get_property(path.to_vec())?.and_then(|b| {
+        let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
+        Some(i64::from_le_bytes(a))
+    }))
+}
+
 /// proxy-wasm shared data: process-wide, shared by every worker's VM.
 pub struct SharedData;
 

@@ -15,6 +15,7 @@
 use std::rc::Rc;
 
 use prefix_router_core::extract::Api;
+use prefix_router_core::health;
 use prefix_router_core::load::{self, HostLoad, Report};
 use prefix_router_core::{Decision, FallbackCause, RequestHead};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -100,13 +101,20 @@ impl Http {
         };
         let mut loads = Vec::with_capacity(cfg.hosts.len());
         for h in &cfg.hosts {
-            match load::read_load(&SharedData, &h.address) {
-                Ok(l) => loads.push(l),
+            let mut l = match load::read_load(&SharedData, &h.address) {
+                Ok(l) => l,
                 Err(e) => {
                     self.host_error("reading shared load", e);
-                    loads.push(HostLoad::default());
+                    HostLoad::default()
+                }
+            };
+            if cfg.health.failure_threshold > 0 {
+                match health::read_health(&SharedData, &h.address) {
+                    Ok(st) => l.ejected = st.ejected(now),
+                    Err(e) => self.host_error("reading shared health", e),
                 }
             }
+            loads.push(l);
         }
         let d = self
             .st
@@ -192,6 +200,54 @@ impl Http {
         match load::store_report(&SharedData, &served, Report { queue: q, at_ms }) {
             Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
             Err(e) => self.host_error("storing a load report", e),
+        }
+    }
+
+    /// Passive health: the outcome of this request at the host that served it.
+    /// 5xx (Envoy answers 503 for connect failures and upstream resets too)
+    /// is a failure; a request the client abandoned (no response code) is
+    /// not counted.
+    fn record_health(&self) {
+        let cfg = self.st.router.config();
+        if cfg.health.failure_threshold == 0 {
+            return;
+        }
+        let served = match host::property_string(&["upstream", "address"]) {
+            Ok(Some(a)) if cfg.host_index(&a).is_some() => a,
+            Ok(_) => return,
+            Err(e) => {
+                self.host_error("reading upstream.address", e);
+                return;
+            }
+        };
+        let code = match host::property_i64(&["response", "code"]) {
+            Ok(Some(c)) if c > 0 => c,
+            Ok(_) => return,
+            Err(e) => {
+                self.host_error("reading response.code", e);
+                return;
+            }
+        };
+        let now = match host::now_ms() {
+            Ok(t) => t,
+            Err(e) => {
+                self.host_error("reading the clock", e);
+                return;
+            }
+        };
+        match health::record(&SharedData, &served, code < 500, now, &cfg.health) {
+            Ok(true) => {
+                self.st.metrics.inc(self.st.metrics.ejections, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!(
+                        "prefix-router: ejecting {served} for {} ms after {} consecutive failed responses (last: {code})",
+                        cfg.health.cooldown_ms, cfg.health.failure_threshold
+                    ),
+                );
+            }
+            Ok(false) => {}
+            Err(e) => self.host_error("recording health", e),
         }
     }
 
@@ -284,5 +340,6 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         self.release();
+        self.record_health();
     }
 }

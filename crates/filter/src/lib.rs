@@ -13,14 +13,16 @@
 //! - [`root`]: `on_configure` (two-phase config; bad config → `false`, so
 //!   Envoy rejects it) and the HTTP context factory.
 //! - [`http`]: the per-request state machine.
+//! - [`scrape`]: the optional active `/metrics` scrape (one elected VM).
 
 pub mod host;
 pub mod http;
 pub mod metrics;
 pub mod root;
+pub mod scrape;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| -> Box<dyn proxy_wasm::traits::RootContext> {
-        Box::new(root::Root::default())
+    proxy_wasm::set_root_context(|id| -> Box<dyn proxy_wasm::traits::RootContext> {
+        Box::new(root::Root::new(id))
     });
 }}

@@ -12,6 +12,8 @@
 //! | `prefix_router.bytes_hashed` | prompt bytes hashed for keys |
 //! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
 //! | `prefix_router.host_errors` | host calls that failed (details in the log) |
+//! | `prefix_router.health.ejections` | hosts ejected by passive health |
+//! | `prefix_router.scrapes` / `prefix_router.scrape_errors` | active `/metrics` scrapes stored / failed |
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
@@ -30,6 +32,9 @@ pub struct Metrics {
     pub load_reports: u32,
     pub load_report_errors: u32,
     pub host_errors: u32,
+    pub ejections: u32,
+    pub scrapes: u32,
+    pub scrape_errors: u32,
     per_host: Vec<u32>,
 }
 
@@ -64,6 +69,9 @@ impl Metrics {
             load_reports: def("prefix_router.load_reports"),
             load_report_errors: def("prefix_router.load_report_errors"),
             host_errors: def("prefix_router.host_errors"),
+            ejections: def("prefix_router.health.ejections"),
+            scrapes: def("prefix_router.scrapes"),
+            scrape_errors: def("prefix_router.scrape_errors"),
             per_host: cfg
                 .hosts
                 .iter()

@@ -9,11 +9,15 @@ use proxy_wasm::types::{ContextType, LogLevel};
 use crate::host;
 use crate::http::Http;
 use crate::metrics::Metrics;
+use crate::scrape::Scraper;
 
 /// Per-VM root: the compiled router and metric ids, shared with requests.
 #[derive(Default)]
 pub struct Root {
+    /// Root context id (mixed into the scrape lease identity).
+    pub id: u32,
     state: Option<Rc<State>>,
+    scraper: Scraper,
 }
 
 /// What every request of this VM needs.
@@ -22,7 +26,30 @@ pub struct State {
     pub metrics: Metrics,
 }
 
-impl Context for Root {}
+impl Root {
+    /// A root context with this id.
+    pub fn new(id: u32) -> Root {
+        Root {
+            id,
+            ..Root::default()
+        }
+    }
+}
+
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(st) = self.state.clone() else { return };
+        if let Some(sc) = &st.router.config().scrape {
+            self.scraper.response(token, body_size, sc, &st.metrics);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -52,6 +79,26 @@ impl RootContext for Root {
                     ),
                 );
                 let metrics = Metrics::define(&cfg);
+                if let Some(sc) = &cfg.scrape {
+                    // A lease identity unique enough per VM: the clock at configure
+                    // time mixed with this root's id.
+                    let t = proxy_wasm::hostcalls::get_current_time()
+                        .ok()
+                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                        .map(|d| d.as_nanos() as u64)
+                        .unwrap_or(0);
+                    self.scraper.owner =
+                        prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
+                    if let Err(e) = proxy_wasm::hostcalls::set_tick_period(
+                        std::time::Duration::from_millis(sc.interval_ms),
+                    ) {
+                        host::log(
+                            LogLevel::Error,
+                            &format!("prefix-router: cannot set the scrape tick: {e:?}"),
+                        );
+                        return false;
+                    }
+                }
                 self.state = Some(Rc::new(State {
                     router: Router::new(cfg),
                     metrics,
@@ -63,6 +110,13 @@ impl RootContext for Root {
                 host::log(LogLevel::Error, &format!("prefix-router: {e}"));
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let Some(st) = self.state.clone() else { return };
+        if let Some(sc) = &st.router.config().scrape {
+            self.scraper.tick(st.router.config(), sc, &st.metrics);
         }
     }
 

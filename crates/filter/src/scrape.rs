@@ -1,0 +1,218 @@
+//! Active scrape: one VM per Envoy process periodically fetches every
+//! replica's Prometheus `/metrics` through the replicas' cluster and stores
+//! the queue depth as that host's load report (the same slot the ORCA and
+//! plain-header reports use, so the freshest signal wins).
+//!
+//! - Election: `on_tick` runs in every VM (main thread and each worker). A
+//!   lease in shared data (`owner id`, `expires ms`), taken and renewed with
+//!   compare-and-swap, lets exactly one VM scrape; if it stops ticking, the
+//!   lease expires after two intervals and another VM takes over.
+//! - Targeting: the call goes to the cluster with the destination header set
+//!   to the replica, so Envoy's override_host policy sends it to that replica.
+//! - Failures (no lease, dispatch error, non-200, unparsable body, timeout)
+//!   are counted in `prefix_router.scrape_errors` and never touch requests.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use prefix_router_core::config::{Config, ScrapeConfig};
+use prefix_router_core::load::{self, Report, SharedStore, StoreError, CAS_RETRIES};
+use prefix_router_core::scrape::queue_depth;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, LogLevel, MapType};
+
+use crate::host::{self, SharedData};
+use crate::metrics::Metrics;
+
+const LEASE_KEY: &str = "prefix_router/scrape_lease";
+
+/// Per-VM scrape state.
+#[derive(Debug, Default)]
+pub struct Scraper {
+    /// This VM's lease identity.
+    pub owner: u64,
+    /// Outstanding calls: token → host address.
+    pending: BTreeMap<u32, String>,
+}
+
+fn decode_lease(v: Option<&[u8]>) -> (u64, u64) {
+    let owner = v
+        .and_then(|b| b.get(..8))
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0);
+    let exp = v
+        .and_then(|b| b.get(8..16))
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .unwrap_or(0);
+    (owner, exp)
+}
+
+/// Take or renew the lease; `Ok(true)` if this VM holds it now.
+pub fn acquire_lease<S: SharedStore + ?Sized>(
+    store: &S,
+    owner: u64,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> Result<bool, StoreError> {
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(LEASE_KEY)?;
+        let (cur, exp) = decode_lease(v.as_deref());
+        if cur != owner && exp > now_ms {
+            return Ok(false);
+        }
+        let mut b = [0u8; 16];
+        let (o, e) = b.split_at_mut(8);
+        o.copy_from_slice(&owner.to_le_bytes());
+        e.copy_from_slice(&now_ms.saturating_add(ttl_ms).to_le_bytes());
+        match store.set(LEASE_KEY, &b, cas) {
+            Ok(()) => return Ok(true),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
+impl Scraper {
+    /// One tick: if this VM holds the lease, dispatch a scrape to every host.
+    pub fn tick(&mut self, cfg: &Config, sc: &ScrapeConfig, metrics: &Metrics) {
+        let now = match host::now_ms() {
+            Ok(t) => t,
+            Err(_) => return,
+        };
+        match acquire_lease(
+            &SharedData,
+            self.owner,
+            now,
+            sc.interval_ms.saturating_mul(2),
+        ) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: scrape lease: {e:?}"),
+                );
+                return;
+            }
+        }
+        // Calls still outstanding from the last tick timed out or were lost.
+        if !self.pending.is_empty() {
+            metrics.inc(metrics.scrape_errors, self.pending.len() as u64);
+            self.pending.clear();
+        }
+        for h in &cfg.hosts {
+            let headers = vec![
+                (":method", "GET"),
+                (":path", sc.path.as_str()),
+                (":authority", h.address.as_str()),
+                (cfg.destination_header.as_str(), h.address.as_str()),
+            ];
+            match hostcalls::dispatch_http_call(
+                &sc.cluster,
+                headers,
+                None,
+                vec![],
+                Duration::from_millis(sc.timeout_ms),
+            ) {
+                Ok(token) => {
+                    self.pending.insert(token, h.address.clone());
+                }
+                Err(e) => {
+                    metrics.inc(metrics.scrape_errors, 1);
+                    host::log(
+                        LogLevel::Warn,
+                        &format!(
+                            "prefix-router: scrape of {} not dispatched: {e:?}",
+                            h.address
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    /// A scrape answered (or failed: status 503 / no body on timeout).
+    pub fn response(&mut self, token: u32, body_size: usize, sc: &ScrapeConfig, metrics: &Metrics) {
+        let Some(addr) = self.pending.remove(&token) else {
+            return;
+        };
+        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if status != "200" {
+            metrics.inc(metrics.scrape_errors, 1);
+            host::log(
+                LogLevel::Debug,
+                &format!("prefix-router: scrape of {addr}: status {status:?}"),
+            );
+            return;
+        }
+        let body = match hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
+            Ok(b) => b.unwrap_or_default(),
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: scrape body of {addr}: {e:?}"),
+                );
+                return;
+            }
+        };
+        let text = String::from_utf8_lossy(&body);
+        let q = match queue_depth(&text, &sc.queue_metrics) {
+            Ok(Some(q)) => q,
+            Ok(None) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Debug,
+                    &format!(
+                        "prefix-router: scrape of {addr}: none of {:?} in /metrics",
+                        sc.queue_metrics
+                    ),
+                );
+                return;
+            }
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Debug,
+                    &format!("prefix-router: scrape of {addr}: {e}"),
+                );
+                return;
+            }
+        };
+        let at_ms = host::now_ms().unwrap_or(0);
+        match load::store_report(&SharedData, &addr, Report { queue: q, at_ms }) {
+            Ok(()) => metrics.inc(metrics.scrapes, 1),
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: storing scrape of {addr}: {e:?}"),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_core::load::MemStore;
+
+    #[test]
+    fn one_owner_at_a_time_and_takeover_after_expiry() {
+        let s = MemStore::default();
+        assert_eq!(acquire_lease(&s, 1, 0, 100), Ok(true));
+        assert_eq!(acquire_lease(&s, 2, 50, 100), Ok(false));
+        assert_eq!(acquire_lease(&s, 1, 60, 100), Ok(true)); // renew: now until 160
+        assert_eq!(acquire_lease(&s, 2, 150, 100), Ok(false));
+        assert_eq!(acquire_lease(&s, 2, 161, 100), Ok(true)); // owner 1 stopped ticking
+        assert_eq!(acquire_lease(&s, 1, 170, 100), Ok(false));
+    }
+}
