@@ -10,7 +10,8 @@
 //!   routing would get if the fleet were one big cache.
 //!
 //! Both count hits like the replicas do (16-token blocks, at least one
-//! prompt token recomputed).
+//! prompt token recomputed) and, like them, keep a finished chat turn's
+//! answer cached for the next turn.
 
 use prefix_router_replica::PrefixCache;
 
@@ -28,6 +29,12 @@ pub struct Bounds {
 
 /// Compute both bounds for a fleet cache of `total_cache_tokens`.
 pub fn compute(wl: &Workload, total_cache_tokens: u64) -> Bounds {
+    compute_with(wl, total_cache_tokens, true)
+}
+
+/// [`compute`], choosing whether finished chat turns leave their answer's
+/// KV cached (as the replicas do with `output_kv`).
+pub fn compute_with(wl: &Workload, total_cache_tokens: u64, output_kv: bool) -> Bounds {
     let order = wl.nominal_order();
     let bt = u64::from(wl.block_tokens.max(1));
     let mut seen: IdSet<u64> = IdSet::default();
@@ -47,6 +54,11 @@ pub fn compute(wl: &Workload, total_cache_tokens: u64) -> Bounds {
         cache.query(blocks, tokens);
         cache.acquire(blocks, 0, true);
         cache.release(blocks, 0);
+        if let Some(m) = r.remember.as_ref().filter(|_| output_kv) {
+            seen.extend(m.blocks().iter().copied());
+            cache.acquire(m.blocks(), 0, true);
+            cache.release(m.blocks(), 0);
+        }
     }
     let f = |x: u64| {
         if total > 0 {

@@ -42,6 +42,7 @@ FLEET
   --block-tokens N        KV block size, tokens (default 16; 512 for Mooncake
                           traces, their own granularity)
   --attention             add the quadratic attention term (Llama-8B coefficient)
+  --no-output-kv          replicas do not keep generated tokens' KV (vLLM does)
 
 ROUTING
   --policy NAME           repeatable, or 'all' (default all); NAME[:key=value,...]
@@ -165,6 +166,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
                 a.cfg.report_delay_s = one::<f64>("--report-delay-ms", &val()?)? / 1000.0
             }
             "--json" => a.json = true,
+            "--no-output-kv" => a.cfg.output_kv = false,
             "--plots" => a.plots = Some(PathBuf::from(val()?)),
             "--window-s" => a.cfg.window_s = one("--window-s", &val()?)?,
             "--seed" => a.cfg.seed = one("--seed", &val()?)?,
@@ -451,7 +453,7 @@ fn run(a: &Args) -> Result<(), String> {
         .cost
         .cache_capacity_tokens
         .saturating_mul(cfg.replicas as u64);
-    let b = bounds::compute(&wl, total_cache);
+    let b = bounds::compute_with(&wl, total_cache, cfg.output_kv);
     let sets = run_matrix(&wl, &specs, &cfg, &a.rate_scales, &a.proxies, a.threads)?;
     let rep = Report::new(&wl, &cfg, b, sets);
     if a.json {

@@ -54,6 +54,9 @@ pub struct SimConfig {
     pub report_delay_s: f64,
     /// Load-balance window, seconds.
     pub window_s: f64,
+    /// Replicas keep the KV of generated tokens (vLLM does): a finished chat
+    /// turn leaves prompt + answer cached for the next turn.
+    pub output_kv: bool,
 }
 
 impl Default for SimConfig {
@@ -67,6 +70,7 @@ impl Default for SimConfig {
             report_interval_s: 0.05,
             report_delay_s: 0.0,
             window_s: 60.0,
+            output_kv: true,
         }
     }
 }
@@ -202,6 +206,11 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                         }
                         if let Some(pol) = policies.get_mut(p) {
                             pol.on_done(req_id, h);
+                        }
+                        if cfg.output_kv {
+                            if let Some(m) = wl.requests.get(id).and_then(|r| r.remember.as_ref()) {
+                                rep.remember(m);
+                            }
                         }
                         // Release the session's next turn.
                         if let Some(r) = wl.requests.get(id) {

@@ -125,6 +125,7 @@ pub fn to_json(rep: &Report) -> Value {
             "report_interval_s": c.report_interval_s,
             "report_delay_s": c.report_delay_s,
             "window_s": c.window_s,
+            "output_kv": c.output_kv,
             "cost_model": {
                 "prefill_tokens_per_s": c.cost.prefill_tokens_per_s,
                 "prefill_overhead_s": c.cost.prefill_overhead_s,

@@ -332,3 +332,43 @@ fn cli_parses_and_rejects() {
     assert!(PolicySpec::parse("round-robin:x=1").is_err());
     assert_eq!(PolicySpec::expand("all").expect("all").len(), ALL.len());
 }
+
+#[test]
+fn finished_turns_leave_their_answer_cached() {
+    // Long answers: the next turn's prompt repeats them.
+    let wl = small_synthetic(
+        "multi-turn:groups=2,users=6,turns=3,system=100,question=20,output=200,session_rate=4,think=1",
+    );
+    assert!(wl.requests.iter().any(|r| r.remember.is_some()));
+    for r in &wl.requests {
+        if let Some(m) = &r.remember {
+            // prompt + answer: extends the prompt.
+            assert_eq!(&m.blocks()[..r.prompt.blocks().len()], r.prompt.blocks());
+            assert!(m.tokens() > r.prompt.tokens() + 150);
+        }
+    }
+    let with = bounds::compute_with(&wl, u64::MAX / 4, true);
+    let without = bounds::compute_with(&wl, u64::MAX / 4, false);
+    assert!(
+        with.oracle_hit > without.oracle_hit + 0.1,
+        "{with:?} {without:?}"
+    );
+    let spec = PolicySpec::parse("prefix-router").expect("spec");
+    let on = simulate(&wl, &spec, &cfg(2, 16)).expect("run");
+    let off = simulate(
+        &wl,
+        &spec,
+        &SimConfig {
+            output_kv: false,
+            ..cfg(2, 16)
+        },
+    )
+    .expect("run");
+    assert!(
+        on.hit_rate > off.hit_rate + 0.1,
+        "{} vs {}",
+        on.hit_rate,
+        off.hit_rate
+    );
+    assert!(on.hit_rate <= with.oracle_hit + 1e-9);
+}

@@ -85,6 +85,7 @@ pub fn parse(
             kind: Kind::Unique { tokens: ctx, key },
             output_tokens: gen,
             prompt: unique_prompt(ctx, key, block_tokens),
+            remember: None,
             session: i as u32,
             turn: 0,
         });

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use prefix_router_core::extract::{extract, Api};
-use prefix_router_replica::{approx_tokens, Prompt};
+use prefix_router_replica::Prompt;
 
 use crate::rng::seed2;
 use crate::text::{gen_text, mooncake_text, MOONCAKE_BLOCK_TOKENS};
@@ -108,6 +108,12 @@ pub struct Request {
     pub output_tokens: u64,
     /// The replica's view of the prompt (chained 16-token block hashes).
     pub prompt: Prompt,
+    /// Chat turns followed by another turn: prompt + this turn's answer as
+    /// the replica would hold it after generating (what vLLM keeps cached
+    /// of a finished request, generated tokens included; exactly the prefix
+    /// of the next turn's prompt). Given to [`prefix_router_replica::Replica::remember`]
+    /// when the request completes.
+    pub remember: Option<Prompt>,
     /// Session and turn.
     pub session: u32,
     pub turn: u32,
@@ -497,14 +503,6 @@ impl Workload {
     }
 }
 
-/// Helper for builders: the replica prompt of a chat request.
-pub(crate) fn chat_prompt(wl: &Workload, r: &Request) -> (Prompt, u64) {
-    let canon = wl.canonical(r);
-    let p = Prompt::from_bytes(&canon, wl.block_tokens);
-    let t = approx_tokens(canon.len());
-    (p, t)
-}
-
 /// Helper for builders: the replica prompt of a Mooncake request.
 pub(crate) fn block_prompt(tokens: u64, ids: &[u64], block_tokens: u32) -> Prompt {
     Prompt::from_block_ids(tokens, ids, MOONCAKE_BLOCK_TOKENS, block_tokens)
@@ -517,19 +515,37 @@ pub(crate) fn unique_prompt(tokens: u64, key: u64, block_tokens: u32) -> Prompt 
     Prompt::from_block_ids(tokens, &ids, MOONCAKE_BLOCK_TOKENS, block_tokens)
 }
 
-/// Fill the replica prompts of chat requests (after `convs` is complete).
+/// Fill the replica prompts of chat requests (after `convs` is complete),
+/// and for turns followed by another turn the prompt extended with the
+/// answer (`RS "assistant" US answer`, the record the next turn repeats).
 pub(crate) fn fill_chat_prompts(wl: &mut Workload) {
     let mut out = Vec::with_capacity(wl.requests.len());
     for r in &wl.requests {
-        if matches!(r.kind, Kind::Chat { .. }) {
-            out.push(Some(chat_prompt(wl, r).0));
-        } else {
+        let Kind::Chat { conv, turn } = r.kind else {
             out.push(None);
-        }
+            continue;
+        };
+        let mut canon = wl.canonical(r);
+        let prompt = Prompt::from_bytes(&canon, wl.block_tokens);
+        let answer = wl
+            .convs
+            .get(conv as usize)
+            .filter(|c| (turn as usize) + 1 < c.turns.len())
+            .and_then(|c| c.turns.get(turn as usize))
+            .map(|(_, a)| a);
+        let remember = answer.map(|a| {
+            canon.push(0x1E);
+            canon.extend_from_slice(b"assistant");
+            canon.push(0x1F);
+            a.write(&mut canon);
+            Prompt::from_bytes(&canon, wl.block_tokens)
+        });
+        out.push(Some((prompt, remember)));
     }
     for (r, p) in wl.requests.iter_mut().zip(out) {
-        if let Some(p) = p {
+        if let Some((p, m)) = p {
             r.prompt = p;
+            r.remember = m;
         }
     }
 }

@@ -115,6 +115,7 @@ pub fn parse(
             },
             output_tokens: e.output_tokens,
             prompt,
+            remember: None,
             session: i as u32,
             turn: 0,
         });

@@ -110,6 +110,7 @@ pub fn parse(
                 },
                 output_tokens: (a.len() as u64).div_ceil(4).max(1),
                 prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+                remember: None,
                 session,
                 turn: k as u32,
             });

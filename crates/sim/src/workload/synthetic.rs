@@ -188,6 +188,7 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
                     kind: Kind::Chat { conv, turn: 0 },
                     output_tokens: spec.output.max(1),
                     prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+                    remember: None,
                     session: i as u32,
                     turn: 0,
                 });
@@ -236,6 +237,7 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
                         },
                         output_tokens: spec.output.max(1),
                         prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+                        remember: None,
                         session: s as u32,
                         turn: k as u32,
                     });
