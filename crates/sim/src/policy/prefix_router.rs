@@ -29,12 +29,14 @@ use super::{host_address, num, Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
 
 /// Options: `mode` (`conversation`|`prefix`), `c` (capacity factor),
+/// `min_capacity` (capacity floor per replica, requests),
 /// `prefix_bytes`, `vnodes`, `chunk_bytes`, `reports` (`on`|`off`: use
 /// replica reports in the load or only in-flight counts).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub mode: String,
     pub capacity_factor: f64,
+    pub min_capacity: f64,
     pub prefix_bytes: u64,
     pub vnodes: u32,
     pub chunk_bytes: u32,
@@ -47,6 +49,7 @@ impl Default for Params {
         Params {
             mode: d.key.mode,
             capacity_factor: d.capacity_factor,
+            min_capacity: d.min_capacity,
             prefix_bytes: d.key.prefix_bytes,
             vnodes: d.vnodes,
             chunk_bytes: d.chunk_bytes,
@@ -62,6 +65,7 @@ impl Params {
             match k.as_str() {
                 "mode" => p.mode = v.clone(),
                 "c" | "capacity_factor" => p.capacity_factor = num(k, v)?,
+                "min_capacity" | "floor" => p.min_capacity = num(k, v)?,
                 "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
                 "vnodes" => p.vnodes = num(k, v)? as u32,
                 "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
@@ -105,6 +109,7 @@ impl Params {
             })
             .collect();
         raw.capacity_factor = self.capacity_factor;
+        raw.min_capacity = self.min_capacity;
         raw.vnodes = self.vnodes;
         raw.chunk_bytes = self.chunk_bytes;
         raw.key.mode = mode.to_string();
