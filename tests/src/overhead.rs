@@ -15,13 +15,14 @@
 //! the filter's own work (buffering, parsing, hashing, shared data, headers),
 //! with the cost of having any wasm filter at all separated out.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::backend::BackendOptions;
 use crate::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
-use crate::http;
 use crate::lab::{Lab, LabOptions};
 use crate::paths;
 
@@ -66,6 +67,68 @@ fn body(bytes: usize, i: usize) -> String {
         msgs.push(json!({"role": "user", "content": "and?"}));
     }
     json!({"model": "sim-llm", "max_tokens": 1, "stream": false, "messages": msgs}).to_string()
+}
+
+/// A minimal HTTP/1.1 keep-alive client: one `write` per request (headers and
+/// body together) with `TCP_NODELAY`, so Nagle's algorithm and delayed ACKs
+/// cannot add milliseconds that have nothing to do with the proxy.
+struct RawClient {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+    host: String,
+}
+
+impl RawClient {
+    fn connect(addr: &str) -> Result<RawClient, String> {
+        let w = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+        w.set_nodelay(true).map_err(|e| e.to_string())?;
+        w.set_read_timeout(Some(Duration::from_secs(30)))
+            .map_err(|e| e.to_string())?;
+        let r = BufReader::new(w.try_clone().map_err(|e| e.to_string())?);
+        Ok(RawClient {
+            w,
+            r,
+            host: addr.to_string(),
+        })
+    }
+
+    /// POST and read the whole response; returns the status.
+    fn post(&mut self, path: &str, body: &str) -> Result<u16, String> {
+        let mut req = format!(
+            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        )
+        .into_bytes();
+        req.extend_from_slice(body.as_bytes());
+        self.w.write_all(&req).map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        self.r.read_line(&mut line).map_err(|e| e.to_string())?;
+        let status: u16 = line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("bad status line {line:?}"))?;
+        let mut len = 0usize;
+        loop {
+            line.clear();
+            self.r.read_line(&mut line).map_err(|e| e.to_string())?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = l.split_once(':') {
+                if k.eq_ignore_ascii_case("content-length") {
+                    len = v.trim().parse().map_err(|_| format!("bad length {v:?}"))?;
+                } else if k.eq_ignore_ascii_case("transfer-encoding") {
+                    return Err("chunked responses are not expected here".into());
+                }
+            }
+        }
+        let mut buf = vec![0u8; len];
+        self.r.read_exact(&mut buf).map_err(|e| e.to_string())?;
+        Ok(status)
+    }
 }
 
 fn pct(sorted: &[f64], p: f64) -> f64 {
@@ -136,11 +199,19 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         .map_err(|e| format!("{name}: {e}"))?;
         labs.push(lab);
     }
-    let agent = http::agent(Duration::from_secs(30));
+    let mut clients = Vec::new();
+    for lab in &labs {
+        let url = lab.envoy().map_err(|e| e.to_string())?.url("");
+        let addr = url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        clients.push(RawClient::connect(&addr)?);
+    }
     let mut out = String::new();
     out.push_str(&format!(
         "Envoy 1.40 (v8), 1 worker; {} rounds x {} requests per config and size, interleaved; \
-         latency = client send to full response, loopback, keep-alive\n\n",
+         latency = client write to full response read, loopback, keep-alive, TCP_NODELAY\n\n",
         opts.rounds, opts.per_round
     ));
     out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router p50 / p90 | prefix-router - noop (p50) | prefix-router - buffer (p50) | noop - no-filter (p50) |\n");
@@ -150,27 +221,19 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         let actual = bodies.first().map(|b| b.len()).unwrap_or(0);
         let mut lat: Vec<Vec<f64>> = vec![Vec::new(); labs.len()];
         // Warm-up: connections, VM, caches.
-        for lab in &labs {
-            let url = lab
-                .envoy()
-                .map_err(|e| e.to_string())?
-                .url("/v1/chat/completions");
+        for c in clients.iter_mut() {
             for b in bodies.iter().take(20) {
-                http::post(&agent, &url, &[], b).map_err(|e| e.to_string())?;
+                c.post("/v1/chat/completions", b)?;
             }
         }
         for _ in 0..opts.rounds {
-            for (k, lab) in labs.iter().enumerate() {
-                let url = lab
-                    .envoy()
-                    .map_err(|e| e.to_string())?
-                    .url("/v1/chat/completions");
+            for (k, c) in clients.iter_mut().enumerate() {
                 for b in &bodies {
                     let t = Instant::now();
-                    let r = http::post(&agent, &url, &[], b).map_err(|e| e.to_string())?;
+                    let status = c.post("/v1/chat/completions", b)?;
                     let us = t.elapsed().as_secs_f64() * 1e6;
-                    if r.status != 200 {
-                        return Err(format!("{}: status {}", configs[k].0, r.status));
+                    if status != 200 {
+                        return Err(format!("{}: status {status}", configs[k].0));
                     }
                     lat[k].push(us);
                 }
