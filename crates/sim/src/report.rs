@@ -254,7 +254,7 @@ pub fn to_table(rep: &Report) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<26} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7} | {:>5} {:>5} | {:>6} {:>6} {:>6}",
+            "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7} | {:>5} {:>5} | {:>6} {:>6} {:>6}",
             "policy", "hit%", "%orcl", "TTFT50", "TTFT90", "TTFT99", "E2E50", "E2E90", "tok/s", "LBmax", "LBavg", "spill", "fallbk", "evictM"
         );
         for r in &set.results {
@@ -265,8 +265,8 @@ pub fn to_table(rep: &Report) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<26} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7.0} | {:>5.2} {:>5.2} | {:>6} {:>6} {:>6.1}",
-                truncate(&r.policy, 26),
+                "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7.0} | {:>5.2} {:>5.2} | {:>6} {:>6} {:>6.1}",
+                truncate(&r.policy, 30),
                 pct(r.hit_rate),
                 pct(frac),
                 secs(r.ttft.p50),
@@ -291,16 +291,16 @@ pub fn to_table(rep: &Report) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<8} {:>3} {:<26} {:>6} {:>6} {:>6}",
+            "{:<8} {:>3} {:<30} {:>6} {:>6} {:>6}",
             "rate", "K", "policy", "hit1%", "hitK%", "ratio"
         );
         for (sc, k, p, h1, hk, ratio) in ratios {
             let _ = writeln!(
                 s,
-                "x{:<7} {:>3} {:<26} {:>6} {:>6} {:>6.3}",
+                "x{:<7} {:>3} {:<30} {:>6} {:>6} {:>6.3}",
                 sc,
                 k,
-                truncate(&p, 26),
+                truncate(&p, 30),
                 pct(h1),
                 pct(hk),
                 ratio

@@ -140,7 +140,7 @@ pub const NAMES: &[&str] = &[
 pub const ALL: &[&str] = &[
     "prefix-router",
     "prefix-router:mode=prefix",
-    "prefix-router:min_capacity=0",
+    "prefix-router:floor=0",
     "prefix-router:c=2",
     "round-robin",
     "random",
