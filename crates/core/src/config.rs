@@ -29,6 +29,15 @@
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
+//! | `cost.mode` | `off` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]); `off`: plain bounded loads |
+//! | `cost.candidates` | 3 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
+//! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
+//! | `cost.bytes_per_token` | 4 | prompt bytes per token |
+//! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds |
+//! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
+//! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index |
+//! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound |
+//! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics` |
 
 use serde::Deserialize;
@@ -158,6 +167,159 @@ impl Default for RawHealth {
     }
 }
 
+/// Cost-rule settings (see [`crate::cost`] and [`crate::index`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCost {
+    #[serde(default = "d_cost_mode")]
+    pub mode: String,
+    #[serde(default = "d_candidates")]
+    pub candidates: u32,
+    #[serde(default = "d_prefill_tps")]
+    pub prefill_tokens_per_s: f64,
+    #[serde(default = "d_bytes_per_token")]
+    pub bytes_per_token: f64,
+    #[serde(default = "d_service_s")]
+    pub service_s: f64,
+    #[serde(default = "d_stride")]
+    pub stride_chunks: u32,
+    #[serde(default = "d_max_entries")]
+    pub max_entries: u64,
+    #[serde(default = "d_host_tokens")]
+    pub host_tokens: u64,
+    #[serde(default)]
+    pub max_age_ms: u64,
+}
+
+impl Default for RawCost {
+    fn default() -> Self {
+        RawCost {
+            mode: d_cost_mode(),
+            candidates: d_candidates(),
+            prefill_tokens_per_s: d_prefill_tps(),
+            bytes_per_token: d_bytes_per_token(),
+            service_s: d_service_s(),
+            stride_chunks: d_stride(),
+            max_entries: d_max_entries(),
+            host_tokens: d_host_tokens(),
+            max_age_ms: 0,
+        }
+    }
+}
+
+fn d_cost_mode() -> String {
+    "off".into()
+}
+fn d_candidates() -> u32 {
+    3
+}
+fn d_prefill_tps() -> f64 {
+    16_000.0
+}
+fn d_bytes_per_token() -> f64 {
+    4.0
+}
+fn d_service_s() -> f64 {
+    0.5
+}
+fn d_stride() -> u32 {
+    16
+}
+fn d_max_entries() -> u64 {
+    1 << 16
+}
+fn d_host_tokens() -> u64 {
+    400_000
+}
+
+/// Validated cost-rule settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostConfig {
+    /// `cost.mode = on`.
+    pub enabled: bool,
+    /// The decision rule's parameters.
+    pub params: crate::cost::CostParams,
+    /// The prefix index's bounds.
+    pub index: crate::index::IndexConfig,
+}
+
+/// Upper bound of `cost.max_entries`.
+pub const MAX_INDEX_ENTRIES: u64 = 1 << 24;
+
+fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError> {
+    let enabled = match c.mode.as_str() {
+        "on" => true,
+        "off" => false,
+        m => {
+            return Err(err(
+                "cost.mode",
+                format!("{m:?}"),
+                "must be \"on\" or \"off\"",
+            ))
+        }
+    };
+    if !(1..=64).contains(&c.candidates) {
+        return Err(err("cost.candidates", c.candidates, "must be 1..=64"));
+    }
+    let pos = |f: &str, v: f64, max: f64| -> Result<f64, ConfigError> {
+        if v.is_finite() && v > 0.0 && v <= max {
+            Ok(v)
+        } else {
+            Err(err(f, v, format!("must be > 0 and <= {max}")))
+        }
+    };
+    let prefill_tokens_per_s = pos("cost.prefill_tokens_per_s", c.prefill_tokens_per_s, 1e9)?;
+    let bytes_per_token = pos("cost.bytes_per_token", c.bytes_per_token, 64.0)?;
+    if !(c.service_s.is_finite() && (0.0..=3600.0).contains(&c.service_s)) {
+        return Err(err(
+            "cost.service_s",
+            c.service_s,
+            "must be >= 0 and <= 3600 (seconds)",
+        ));
+    }
+    if !(1..=65_536).contains(&c.stride_chunks) {
+        return Err(err(
+            "cost.stride_chunks",
+            c.stride_chunks,
+            "must be 1..=65536",
+        ));
+    }
+    if c.max_entries == 0 || c.max_entries > MAX_INDEX_ENTRIES {
+        return Err(err(
+            "cost.max_entries",
+            c.max_entries,
+            format!("must be 1..={MAX_INDEX_ENTRIES}"),
+        ));
+    }
+    if c.host_tokens > 1 << 40 {
+        return Err(err("cost.host_tokens", c.host_tokens, "must be <= 2^40"));
+    }
+    if c.max_age_ms > 86_400_000 {
+        return Err(err(
+            "cost.max_age_ms",
+            c.max_age_ms,
+            "must be 0 (never) ..= 86400000",
+        ));
+    }
+    Ok(CostConfig {
+        enabled,
+        params: crate::cost::CostParams {
+            prefill_tokens_per_s,
+            bytes_per_token,
+            service_s: c.service_s,
+            candidates: c.candidates,
+        },
+        index: crate::index::IndexConfig {
+            stride_chunks: c.stride_chunks,
+            chunk_bytes,
+            max_entries: usize::try_from(c.max_entries).unwrap_or(usize::MAX),
+            host_tokens: c.host_tokens,
+            bytes_per_token,
+            max_age_ms: c.max_age_ms,
+        },
+    })
+}
+
 /// Active scrape settings.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -207,6 +369,8 @@ pub struct RawConfig {
     pub health: RawHealth,
     #[serde(default)]
     pub scrape: Option<RawScrape>,
+    #[serde(default)]
+    pub cost: RawCost,
 }
 
 fn d_mode() -> String {
@@ -356,6 +520,7 @@ pub struct Config {
     pub load: LoadConfig,
     pub health: crate::health::HealthConfig,
     pub scrape: Option<ScrapeConfig>,
+    pub cost: CostConfig,
 }
 
 /// Upper bounds that keep a typo from exhausting a proxy's memory.
@@ -591,6 +756,7 @@ impl RawConfig {
             None => None,
             Some(sc) => Some(compile_scrape(sc)?),
         };
+        let cost = compile_cost(&self.cost, self.chunk_bytes)?;
         Ok(Config {
             hosts,
             capacity_factor: c,
@@ -619,6 +785,7 @@ impl RawConfig {
                 cooldown_ms: self.health.cooldown_ms,
             },
             scrape,
+            cost,
         })
     }
 }
@@ -732,6 +899,7 @@ impl RawConfig {
             load: RawLoad::default(),
             health: RawHealth::default(),
             scrape: None,
+            cost: RawCost::default(),
         }
     }
 }
@@ -815,6 +983,41 @@ mod tests {
         );
         let e = bad("not json");
         assert!(e.to_string().contains("invalid prefix-router config"));
+    }
+
+    #[test]
+    fn cost_section() {
+        let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}]}"#).unwrap();
+        assert!(!c.cost.enabled);
+        assert_eq!(c.cost.params, crate::cost::CostParams::default());
+        assert_eq!(c.cost.index, crate::index::IndexConfig::default());
+        let c = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"on","candidates":4,"service_s":0.25,"stride_chunks":8}}"#,
+        )
+        .unwrap();
+        assert!(c.cost.enabled);
+        assert_eq!(c.cost.params.candidates, 4);
+        assert_eq!(c.cost.params.service_s, 0.25);
+        assert_eq!(c.cost.index.stride_bytes(), 1024);
+        for (json, field) in [
+            (r#"{"mode":"maybe"}"#, "cost.mode"),
+            (r#"{"candidates":0}"#, "cost.candidates"),
+            (r#"{"prefill_tokens_per_s":0}"#, "cost.prefill_tokens_per_s"),
+            (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),
+            (r#"{"service_s":-0.1}"#, "cost.service_s"),
+            (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
+            (r#"{"max_entries":0}"#, "cost.max_entries"),
+            (r#"{"max_age_ms":100000000000}"#, "cost.max_age_ms"),
+        ] {
+            let e = bad(&format!(
+                r#"{{"hosts":[{{"address":"127.0.0.1:1"}}],"cost":{json}}}"#
+            ));
+            assert_eq!(e.field, field, "{json}");
+            assert!(!e.reason.is_empty());
+        }
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"candidate":2}}"#);
+        assert_eq!(e.field, "candidate");
+        assert!(e.reason.contains("unknown field"), "{e}");
     }
 
     #[test]

@@ -76,6 +76,8 @@ pub struct ChunkChain {
     chunks: u64,
     bytes: u64,
     history: Option<Vec<u64>>,
+    /// Record `h_i` only when `i` is a multiple of this (1: every chunk).
+    stride: u64,
 }
 
 impl ChunkChain {
@@ -90,6 +92,7 @@ impl ChunkChain {
             chunks: 0,
             bytes: 0,
             history: None,
+            stride: 1,
         }
     }
 
@@ -101,11 +104,23 @@ impl ChunkChain {
         c
     }
 
+    /// Like [`ChunkChain::with_history`], but recording only `h_i` for `i`
+    /// a multiple of `stride` chunks (`h_s, h_2s, ...`; a stride of 0 is
+    /// treated as 1). The prefix index records at a stride to bound its
+    /// entries; the hashes themselves are the same as without a stride.
+    pub fn with_strided_history(seed: u64, chunk_bytes: usize, stride: u32) -> Self {
+        let mut c = Self::with_history(seed, chunk_bytes);
+        c.stride = u64::from(stride.max(1));
+        c
+    }
+
     fn push_chunk(&mut self, chunk: &[u8]) {
         self.h = hash(chunk, self.h);
         self.chunks += 1;
         if let Some(h) = self.history.as_mut() {
-            h.push(self.h);
+            if self.chunks.is_multiple_of(self.stride) {
+                h.push(self.h);
+            }
         }
     }
 
@@ -158,7 +173,8 @@ impl ChunkChain {
         self.bytes
     }
 
-    /// The recorded `h_1..h_k` if created [`ChunkChain::with_history`].
+    /// The recorded `h_1..h_k` if created [`ChunkChain::with_history`]
+    /// (`h_s, h_2s, ...` with [`ChunkChain::with_strided_history`]).
     pub fn history(&self) -> &[u64] {
         self.history.as_deref().unwrap_or(&[])
     }
@@ -221,6 +237,21 @@ mod tests {
     const GOLD_RING0: u64 = 0xe682_4217_4ee9_c520;
     const GOLD_RING7: u64 = 0xc07f_1d7c_a01b_dc61;
     const GOLD_SESSION: u64 = 0x8df3_9240_bb3e_dc78;
+
+    #[test]
+    fn strided_history_is_every_stride_th_hash() {
+        let data: Vec<u8> = (0..5000u32).map(|i| (i % 253) as u8).collect();
+        let all = chain_hashes(3, 64, &data);
+        let mut c = ChunkChain::with_strided_history(3, 64, 16);
+        c.write(&data);
+        let want: Vec<u64> = all.iter().skip(15).step_by(16).copied().collect();
+        assert_eq!(c.history(), &want[..]);
+        assert_eq!(c.history().len(), 5000 / 64 / 16);
+        // The prefix hash is unaffected by recording.
+        let mut plain = ChunkChain::new(3, 64);
+        plain.write(&data);
+        assert_eq!(c.prefix_hash(), plain.prefix_hash());
+    }
 
     proptest! {
         /// The result depends only on the bytes, not on how they were split.

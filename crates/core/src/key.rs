@@ -37,6 +37,10 @@ pub struct KeySink {
     limit: Option<u64>,
     use_anchor: bool,
     key: Option<u64>,
+    /// Bytes hashed when the key was fixed.
+    key_bytes: u64,
+    /// Keep hashing the whole stream after the key (for the prefix index).
+    whole: bool,
 }
 
 impl KeySink {
@@ -57,7 +61,29 @@ impl KeySink {
             limit,
             use_anchor,
             key: None,
+            key_bytes: 0,
+            whole: false,
         }
+    }
+
+    /// Like [`KeySink::new`], and also hash the **whole** stream with one
+    /// chain, recording `h_s, h_2s, ...` every `stride` chunks
+    /// ([`ChunkChain::with_strided_history`]) for the prefix index
+    /// ([`crate::index`]). The key and [`KeySink::bytes_hashed`] are exactly
+    /// those of [`KeySink::new`]: the key region is a prefix of the stream,
+    /// hashed by the same recurrence, so no byte is hashed twice.
+    pub fn with_chain(
+        seed: u64,
+        chunk_bytes: usize,
+        mode: KeyMode,
+        prefix_bytes: u64,
+        structured: bool,
+        stride: u32,
+    ) -> Self {
+        let mut s = Self::new(seed, chunk_bytes, mode, prefix_bytes, structured);
+        s.chain = ChunkChain::with_strided_history(seed, chunk_bytes, stride);
+        s.whole = true;
+        s
     }
 
     /// The key (the whole stream's prefix hash if no boundary was reached).
@@ -65,23 +91,52 @@ impl KeySink {
         self.key.unwrap_or_else(|| self.chain.prefix_hash())
     }
 
-    /// Bytes fed to the hasher.
+    /// Bytes of the key region (the bytes fed to the hasher by
+    /// [`KeySink::new`]).
     pub fn bytes_hashed(&self) -> u64 {
+        if self.key.is_some() {
+            self.key_bytes
+        } else {
+            self.chain.bytes()
+        }
+    }
+
+    /// Bytes of the whole stream ([`KeySink::with_chain`]; otherwise the
+    /// key region).
+    pub fn stream_bytes(&self) -> u64 {
         self.chain.bytes()
+    }
+
+    /// The recorded strided chain of the whole stream
+    /// ([`KeySink::with_chain`]; empty otherwise).
+    pub fn chain_history(&self) -> &[u64] {
+        self.chain.history()
+    }
+
+    fn fix_key(&mut self) {
+        self.key = Some(self.chain.prefix_hash());
+        self.key_bytes = self.chain.bytes();
     }
 }
 
 impl PromptSink for KeySink {
     fn write(&mut self, bytes: &[u8]) {
         if self.key.is_some() {
+            if self.whole {
+                self.chain.write(bytes);
+            }
             return;
         }
         if let Some(limit) = self.limit {
             let room = limit.saturating_sub(self.chain.bytes());
             if bytes.len() as u64 >= room {
-                let head = bytes.get(..room as usize).unwrap_or(bytes);
+                let split = (room as usize).min(bytes.len());
+                let (head, tail) = bytes.split_at(split);
                 self.chain.write(head);
-                self.key = Some(self.chain.prefix_hash());
+                self.fix_key();
+                if self.whole {
+                    self.chain.write(tail);
+                }
                 return;
             }
         }
@@ -90,7 +145,7 @@ impl PromptSink for KeySink {
 
     fn anchor(&mut self) {
         if self.use_anchor && self.key.is_none() {
-            self.key = Some(self.chain.prefix_hash());
+            self.fix_key();
         }
     }
 }
@@ -171,6 +226,38 @@ mod tests {
         );
         assert_eq!(m, 5);
         assert_ne!(a, c);
+    }
+
+    /// `with_chain` yields the same key and key bytes as `new`, in every
+    /// mode, and its chain is the whole stream's strided chain.
+    #[test]
+    fn with_chain_keeps_the_key() {
+        let sys = "System prompt text. ".repeat(60);
+        let bodies = [
+            (Api::ChatCompletions, chat(&sys, &["q1", "a1", "q2"])),
+            (Api::ChatCompletions, chat("s", &["q"])),
+            (
+                Api::Completions,
+                format!(r#"{{"prompt":"{}"}}"#, "p".repeat(3000)),
+            ),
+            (Api::Completions, r#"{"prompt":"tiny"}"#.to_string()),
+        ];
+        for mode in [KeyMode::Conversation, KeyMode::Prefix] {
+            for (api, body) in &bodies {
+                let mut a = KeySink::new(5, 64, mode, 100, api.structured());
+                extract(*api, body.as_bytes(), &mut a).unwrap();
+                let mut b = KeySink::with_chain(5, 64, mode, 100, api.structured(), 4);
+                extract(*api, body.as_bytes(), &mut b).unwrap();
+                assert_eq!(a.key(), b.key());
+                assert_eq!(a.bytes_hashed(), b.bytes_hashed());
+                let mut v = Vec::new();
+                extract(*api, body.as_bytes(), &mut v).unwrap();
+                assert_eq!(b.stream_bytes(), v.len() as u64);
+                let all = crate::hash::chain_hashes(5, 64, &v);
+                let want: Vec<u64> = all.iter().skip(3).step_by(4).copied().collect();
+                assert_eq!(b.chain_history(), &want[..]);
+            }
+        }
     }
 
     #[test]

@@ -8,7 +8,10 @@
 //! Pipeline: [`extract`] (request body → canonical prompt bytes) →
 //! [`key`] (which prefix is the routing key, hashed with [`hash`]'s chained
 //! xxh3) → [`ring`] (consistent hashing with bounded loads over [`load`]) →
-//! [`router::Decision`].
+//! [`router::Decision`]. Optionally ([`config::CostConfig`], off by
+//! default) [`cost`] chooses among the key's owner and its ring successors
+//! by estimated TTFT, with a learned [`index`] of which host holds which
+//! prefix.
 
 // Tests may unwrap, index and panic; the library may not (workspace lints).
 #![cfg_attr(
@@ -22,9 +25,11 @@
 )]
 
 pub mod config;
+pub mod cost;
 pub mod extract;
 pub mod hash;
 pub mod health;
+pub mod index;
 pub mod key;
 pub mod load;
 pub mod ring;
@@ -32,4 +37,4 @@ pub mod router;
 pub mod scrape;
 
 pub use config::{Config, ConfigError};
-pub use router::{Decision, FallbackCause, Key, KeySource, RequestHead, Router};
+pub use router::{Decision, FallbackCause, Key, KeySource, PromptChain, RequestHead, Router};

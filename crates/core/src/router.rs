@@ -5,12 +5,21 @@
 //! runs on the complete body with each host's current load and returns a
 //! [`Decision`] that metrics, logs and the debug header are driven from.
 //! Neither has a clock or randomness: `now_ms` comes in as an argument.
+//!
+//! The cost rule ([`crate::cost`], `cost.mode = on`) is a separate entry
+//! point, [`Router::decide_with_cost`] / [`Router::place_cost`]: it needs the
+//! whole prompt's strided chain ([`Router::key_with_chain`]) and the
+//! proxy's [`PrefixIndex`], which the caller owns and feeds with
+//! [`PrefixIndex::observe`] from the host that actually served. With
+//! `cost.mode = off` it decides exactly like [`Router::decide`].
 
 use std::fmt::Write as _;
 
 use crate::config::Config;
+use crate::cost;
 use crate::extract::{extract, Api, ExtractError};
 use crate::hash;
+use crate::index::PrefixIndex;
 use crate::key::KeySink;
 use crate::load::HostLoad;
 use crate::ring::{Bound, Ring};
@@ -157,6 +166,15 @@ impl Decision {
     }
 }
 
+/// The whole canonical prompt as the cost rule and the prefix index see it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PromptChain {
+    /// Chain hashes every `cost.stride_chunks` chunks (`h_s, h_2s, ...`).
+    pub hashes: Vec<u64>,
+    /// Length of the canonical prompt stream, bytes.
+    pub bytes: u64,
+}
+
 /// Request facts known at header time.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestHead<'a> {
@@ -220,6 +238,29 @@ impl Router {
 
     /// The routing key of a complete body.
     pub fn key(&self, api: Api, body: &[u8], session: Option<&str>) -> Result<Key, FallbackCause> {
+        self.key_impl(api, body, session, None).map(|(k, _)| k)
+    }
+
+    /// The routing key (exactly [`Router::key`]'s) and the whole prompt's
+    /// strided chain for the cost rule, hashed in one pass. With a session
+    /// key the prompt is still read for its chain (a body without a prompt
+    /// then gives an empty chain, not a fallback).
+    pub fn key_with_chain(
+        &self,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+    ) -> Result<(Key, PromptChain), FallbackCause> {
+        self.key_impl(api, body, session, Some(self.cfg.cost.index.stride_chunks))
+    }
+
+    fn key_impl(
+        &self,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        stride: Option<u32>,
+    ) -> Result<(Key, PromptChain), FallbackCause> {
         if body.len() as u64 > self.cfg.max_body_bytes {
             return Err(FallbackCause::BodyTooLarge);
         }
@@ -235,38 +276,66 @@ impl Router {
             None
         };
         let seed = hash::model_seed(meta.model.as_bytes(), salt.map(str::as_bytes));
-        if let Some(s) = session.filter(|s| !s.is_empty()) {
-            return Ok(Key {
-                hash: hash::session_key(seed, s.as_bytes()),
-                source: KeySource::Session,
-                bytes_hashed: 0,
-            });
+        let session_key = session.filter(|s| !s.is_empty()).map(|s| Key {
+            hash: hash::session_key(seed, s.as_bytes()),
+            source: KeySource::Session,
+            bytes_hashed: 0,
+        });
+        let mut sink = match stride {
+            None => {
+                if let Some(key) = session_key {
+                    return Ok((key, PromptChain::default()));
+                }
+                KeySink::new(
+                    seed,
+                    self.cfg.chunk_bytes,
+                    k.mode,
+                    k.prefix_bytes,
+                    api.structured(),
+                )
+            }
+            Some(s) => KeySink::with_chain(
+                seed,
+                self.cfg.chunk_bytes,
+                k.mode,
+                k.prefix_bytes,
+                api.structured(),
+                s,
+            ),
+        };
+        let m = match (extract(api, body, &mut sink), session_key) {
+            (Ok(m), _) => m,
+            (Err(_), Some(key)) => return Ok((key, PromptChain::default())),
+            (Err(ExtractError::Parse(_)), None) => return Err(FallbackCause::ParseError),
+            (Err(ExtractError::EmptyPrompt), None) => return Err(FallbackCause::EmptyPrompt),
+        };
+        let chain = PromptChain {
+            hashes: sink.chain_history().to_vec(),
+            bytes: sink.stream_bytes(),
+        };
+        if let Some(key) = session_key {
+            return Ok((key, chain));
         }
-        let mut sink = KeySink::new(
-            seed,
-            self.cfg.chunk_bytes,
-            k.mode,
-            k.prefix_bytes,
-            api.structured(),
-        );
-        let m = extract(api, body, &mut sink).map_err(|e| match e {
-            ExtractError::Parse(_) => FallbackCause::ParseError,
-            ExtractError::EmptyPrompt => FallbackCause::EmptyPrompt,
-        })?;
         if k.use_user_field {
             if let Some(u) = m.user.as_deref().filter(|u| !u.is_empty()) {
-                return Ok(Key {
-                    hash: hash::session_key(seed, u.as_bytes()),
-                    source: KeySource::User,
-                    bytes_hashed: 0,
-                });
+                return Ok((
+                    Key {
+                        hash: hash::session_key(seed, u.as_bytes()),
+                        source: KeySource::User,
+                        bytes_hashed: 0,
+                    },
+                    chain,
+                ));
             }
         }
-        Ok(Key {
-            hash: sink.key(),
-            source: KeySource::Prompt,
-            bytes_hashed: sink.bytes_hashed(),
-        })
+        Ok((
+            Key {
+                hash: sink.key(),
+                source: KeySource::Prompt,
+                bytes_hashed: sink.bytes_hashed(),
+            },
+            chain,
+        ))
     }
 
     /// The load bound of this config.
@@ -277,19 +346,84 @@ impl Router {
         }
     }
 
-    /// Place a key given each host's load (indexed like the config's hosts).
-    pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
+    /// Effective loads and eligibility (ejected hosts are skipped, unless
+    /// every host is ejected).
+    fn loads(&self, loads: &[HostLoad], now_ms: u64) -> (Vec<u64>, Vec<bool>) {
         let ttl = self.cfg.load.report_ttl_ms;
         let eff: Vec<u64> = (0..self.cfg.hosts.len())
             .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
             .collect();
-        // Ejected hosts are skipped, unless every host is ejected.
         let mut eligible: Vec<bool> = (0..eff.len())
             .map(|i| !loads.get(i).is_some_and(|l| l.ejected))
             .collect();
         if !eligible.iter().any(|e| *e) {
             eligible.iter_mut().for_each(|e| *e = true);
         }
+        (eff, eligible)
+    }
+
+    /// An empty prefix index with this config's bounds (one per proxy).
+    pub fn new_index(&self) -> PrefixIndex {
+        PrefixIndex::new(self.cfg.cost.index)
+    }
+
+    /// Place by the cost rule ([`crate::cost`]) if `cost.mode = on`, else
+    /// exactly [`Router::place`]. `skipped` is the chosen host's position on
+    /// the key's walk (0: the owner, a "hit").
+    pub fn place_cost(
+        &self,
+        key: Key,
+        prompt: &PromptChain,
+        loads: &[HostLoad],
+        index: &PrefixIndex,
+        now_ms: u64,
+    ) -> Decision {
+        if !self.cfg.cost.enabled {
+            return self.place(key, loads, now_ms);
+        }
+        let (eff, eligible) = self.loads(loads, now_ms);
+        match cost::place(
+            &self.ring,
+            key.hash,
+            &eff,
+            &self.bound(),
+            &eligible,
+            &prompt.hashes,
+            prompt.bytes,
+            index,
+            now_ms,
+            &self.cfg.cost.params,
+        ) {
+            Some(p) => Decision::Routed {
+                host: p.host,
+                skipped: p.rank,
+                key,
+            },
+            None => Decision::Fallback(FallbackCause::HostError),
+        }
+    }
+
+    /// Key and place by the cost rule in one call; also returns the
+    /// prompt's chain, to pass to [`PrefixIndex::observe`] with the host
+    /// that actually serves the request.
+    pub fn decide_with_cost(
+        &self,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        loads: &[HostLoad],
+        index: &PrefixIndex,
+        now_ms: u64,
+    ) -> (Decision, PromptChain) {
+        match self.key_with_chain(api, body, session) {
+            Ok((k, chain)) => (self.place_cost(k, &chain, loads, index, now_ms), chain),
+            Err(c) => (Decision::Fallback(c), PromptChain::default()),
+        }
+    }
+
+    /// Place a key given each host's load (indexed like the config's hosts).
+    pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
+        let (eff, eligible) = self.loads(loads, now_ms);
         match self.ring.place(key.hash, &eff, &self.bound(), &eligible) {
             Some(p) => Decision::Routed {
                 host: p.host,
@@ -413,6 +547,95 @@ mod tests {
         );
         assert_eq!(d1, d5);
         assert_eq!(d1.outcome(), "hit");
+    }
+
+    fn cost_router(n: usize, mode: &str) -> Router {
+        let hosts: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
+            .collect();
+        let json = format!(
+            r#"{{"hosts":[{}],"cost":{{"mode":"{mode}","stride_chunks":1}}}}"#,
+            hosts.join(",")
+        );
+        Router::new(Config::from_json(json.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn key_with_chain_keeps_keys() {
+        let r = cost_router(4, "on");
+        let body = chat(&"long first message ".repeat(30), 3);
+        for session in [None, Some("s1"), Some("")] {
+            let k = r
+                .key(Api::ChatCompletions, body.as_bytes(), session)
+                .unwrap();
+            let (k2, chain) = r
+                .key_with_chain(Api::ChatCompletions, body.as_bytes(), session)
+                .unwrap();
+            assert_eq!(k, k2);
+            let mut v = Vec::new();
+            extract(Api::ChatCompletions, body.as_bytes(), &mut v).unwrap();
+            assert_eq!(chain.bytes, v.len() as u64);
+            assert_eq!(chain.hashes.len(), v.len() / 64);
+        }
+        // A session key survives a body without a prompt.
+        let empty = r#"{"model":"m","messages":[]}"#;
+        assert!(r.key(Api::ChatCompletions, empty.as_bytes(), None).is_err());
+        let (k, c) = r
+            .key_with_chain(Api::ChatCompletions, empty.as_bytes(), Some("s"))
+            .unwrap();
+        assert_eq!(k.source, KeySource::Session);
+        assert_eq!(c, PromptChain::default());
+    }
+
+    #[test]
+    fn cost_off_decides_like_place() {
+        let r = cost_router(5, "off");
+        let ix = r.new_index();
+        for load in 0..20u64 {
+            let loads: Vec<HostLoad> = (0..5)
+                .map(|i| HostLoad {
+                    inflight: (load * (i + 3)) % 11,
+                    ..HostLoad::default()
+                })
+                .collect();
+            for t in 0..6 {
+                let body = chat(&format!("conversation {t}"), 2);
+                let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 0);
+                let (d2, _) =
+                    r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &loads, &ix, 0);
+                assert_eq!(d, d2);
+            }
+        }
+    }
+
+    #[test]
+    fn cost_on_follows_the_cache_and_the_queue() {
+        let r = cost_router(4, "on");
+        let mut ix = r.new_index();
+        let body = chat(&"x".repeat(4000), 3);
+        let idle = vec![HostLoad::default(); 4];
+        let (d, chain) =
+            r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 0);
+        let Decision::Routed {
+            host: owner,
+            skipped: 0,
+            key,
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        let walk: Vec<usize> = r.ring().walk(key.hash).collect();
+        // The second host on the walk served it (say, a spill): the index
+        // learns that, and an idle fleet now prefers it.
+        ix.observe(walk[1], &chain.hashes, 1);
+        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 2);
+        assert_eq!(d.outcome(), "spill");
+        assert!(matches!(d, Decision::Routed { host, skipped: 1, .. } if host == walk[1]));
+        // A long queue there outweighs the ~1,000 cached tokens (0.07 s).
+        let mut busy = idle.clone();
+        busy[walk[1]].inflight = 3;
+        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
+        assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
     }
 
     #[test]

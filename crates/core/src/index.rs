@@ -1,0 +1,456 @@
+//! A learned prefix index: which hosts recently served which prompt prefix.
+//!
+//! ## What it records
+//! The canonical prompt's chained chunk hashes `h_1..h_k`
+//! ([`crate::hash::ChunkChain`]) identify every prefix of the prompt (and
+//! the model). The index records one hash every `stride` chunks
+//! (`h_s, h_2s, ...`; default 16 chunks of 64 bytes = 1 KiB, ~256 tokens),
+//! mapping it to the hosts that served a request with that prefix, so a
+//! request's `j`-th boundary hash found under host `H` means "`H` computed
+//! (and probably still caches) the first `j * stride` chunks of this
+//! prompt". It is updated from the host that actually served the request
+//! ([`PrefixIndex::observe`], on the response), not from the routing
+//! decision, so a spill or a fallback teaches it the truth.
+//!
+//! ## Lookup
+//! [`PrefixIndex::lookup`] probes the request's boundary hashes from the
+//! longest down and returns, per host, the longest recorded prefix in
+//! bytes: O(k / stride) map lookups, stopping early once every host asked
+//! about has a match. A match at boundary `j` is trusted without checking
+//! the shorter boundaries (they are normally present: they are recorded
+//! together and evicted deepest-first).
+//!
+//! ## Memory
+//! An entry is one `(prefix hash, host)` pair. Two bounds:
+//! - `max_entries` over all hosts, least recently observed evicted first;
+//! - `host_tokens` per host: each entry stands for the `stride` chunks
+//!   ending at its boundary (`stride * chunk_bytes / bytes_per_token`
+//!   tokens), and a host's oldest entries beyond its budget are evicted,
+//!   approximating the replica's own LRU KV cache (which cannot hold more
+//!   than its capacity either).
+//!
+//! Within one observation the deepest boundary gets the oldest stamp, so a
+//! prompt's tail is evicted before its head, as a replica's LRU does.
+//! Entries older than `max_age_ms` (if set) are ignored by lookups and
+//! evicted lazily. [`PrefixIndex::forget_host`] drops a host's entries (a
+//! restart or cache flush); [`PrefixIndex::footprint_bytes`] estimates the
+//! memory used (for a metric).
+//!
+//! ## Determinism
+//! No clock: time comes in as `now_ms`. Ordered maps only (`BTreeMap`), so
+//! eviction order and results depend only on the sequence of calls; stamps
+//! are `(now_ms, sequence number)`. Every operation is O(log n) per entry
+//! touched.
+
+use std::collections::BTreeMap;
+
+/// Index bounds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IndexConfig {
+    /// Chunks between recorded boundaries (>= 1).
+    pub stride_chunks: u32,
+    /// Bytes per chunk (the config's `chunk_bytes`).
+    pub chunk_bytes: u32,
+    /// Most `(prefix, host)` entries kept in total (>= 1).
+    pub max_entries: usize,
+    /// Tokens of recorded prefixes kept per host (0: no per-host bound).
+    pub host_tokens: u64,
+    /// Bytes per token, to convert a stride to tokens (>= 1 after rounding
+    /// of the configured float; see [`IndexConfig::stride_tokens`]).
+    pub bytes_per_token: f64,
+    /// Entries older than this are ignored (0: never).
+    pub max_age_ms: u64,
+}
+
+impl Default for IndexConfig {
+    fn default() -> Self {
+        IndexConfig {
+            stride_chunks: 16,
+            chunk_bytes: 64,
+            max_entries: 1 << 16,
+            host_tokens: 400_000,
+            bytes_per_token: 4.0,
+            max_age_ms: 0,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// Bytes between boundaries.
+    pub fn stride_bytes(&self) -> u64 {
+        u64::from(self.stride_chunks.max(1)) * u64::from(self.chunk_bytes.max(1))
+    }
+
+    /// Tokens one entry stands for (at least 1).
+    pub fn stride_tokens(&self) -> u64 {
+        let t = self.stride_bytes() as f64 / self.bytes_per_token.max(f64::MIN_POSITIVE);
+        (t.round() as u64).max(1)
+    }
+
+    /// Entries a host may keep (`usize::MAX` without a per-host bound).
+    pub fn host_entries(&self) -> usize {
+        if self.host_tokens == 0 {
+            usize::MAX
+        } else {
+            usize::try_from((self.host_tokens / self.stride_tokens()).max(1)).unwrap_or(usize::MAX)
+        }
+    }
+}
+
+/// Ordering stamp of an entry: `(now_ms, sequence)`.
+type Stamp = (u64, u64);
+
+/// Estimated bytes per entry: the entry in the prefix map (host, stamp) plus
+/// its place in the global and per-host LRU maps, with B-tree overhead.
+const ENTRY_BYTES: usize = 96;
+/// Estimated bytes per distinct prefix hash (map key and vector header).
+const PREFIX_BYTES: usize = 48;
+
+/// The index (one per proxy: a router learns from its own responses).
+#[derive(Debug, Clone)]
+pub struct PrefixIndex {
+    cfg: IndexConfig,
+    /// prefix hash -> hosts holding it, with their stamp.
+    map: BTreeMap<u64, Vec<(u32, Stamp)>>,
+    /// All entries by age.
+    lru: BTreeMap<Stamp, (u64, u32)>,
+    /// Per host: its entries by age.
+    per_host: BTreeMap<u32, BTreeMap<Stamp, u64>>,
+    seq: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index.
+    pub fn new(cfg: IndexConfig) -> PrefixIndex {
+        PrefixIndex {
+            cfg,
+            map: BTreeMap::new(),
+            lru: BTreeMap::new(),
+            per_host: BTreeMap::new(),
+            seq: 0,
+        }
+    }
+
+    /// The bounds.
+    pub fn config(&self) -> &IndexConfig {
+        &self.cfg
+    }
+
+    /// Number of `(prefix, host)` entries.
+    pub fn len(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// No entries?
+    pub fn is_empty(&self) -> bool {
+        self.lru.is_empty()
+    }
+
+    /// Entries held for `host`.
+    pub fn host_len(&self, host: usize) -> usize {
+        u32::try_from(host)
+            .ok()
+            .and_then(|h| self.per_host.get(&h))
+            .map_or(0, BTreeMap::len)
+    }
+
+    /// Estimated memory in bytes (entries and distinct prefixes).
+    pub fn footprint_bytes(&self) -> usize {
+        self.lru.len() * ENTRY_BYTES + self.map.len() * PREFIX_BYTES
+    }
+
+    /// `host` served a request whose strided boundary hashes are `hashes`
+    /// (`h_s, h_2s, ...`, shortest first, as
+    /// [`crate::key::KeySink::chain_history`] returns them).
+    pub fn observe(&mut self, host: usize, hashes: &[u64], now_ms: u64) {
+        let Ok(h) = u32::try_from(host) else {
+            return;
+        };
+        // Deepest first: it gets the oldest stamp and is evicted first.
+        for &p in hashes.iter().rev() {
+            let stamp = (now_ms, self.seq);
+            self.seq = self.seq.wrapping_add(1);
+            let hosts = self.map.entry(p).or_default();
+            let old = match hosts.iter_mut().find(|(x, _)| *x == h) {
+                Some(e) => Some(std::mem::replace(&mut e.1, stamp)),
+                None => {
+                    hosts.push((h, stamp));
+                    None
+                }
+            };
+            let mine = self.per_host.entry(h).or_default();
+            if let Some(o) = old {
+                self.lru.remove(&o);
+                mine.remove(&o);
+            }
+            self.lru.insert(stamp, (p, h));
+            mine.insert(stamp, p);
+        }
+        // Per-host budget, then the global bound.
+        let cap = self.cfg.host_entries();
+        while self.host_len(host) > cap {
+            let Some((s, _)) = self.per_host.get(&h).and_then(|m| m.first_key_value()) else {
+                break;
+            };
+            let s = *s;
+            self.remove(s);
+        }
+        while self.lru.len() > self.cfg.max_entries.max(1) {
+            let Some((s, _)) = self.lru.first_key_value() else {
+                break;
+            };
+            let s = *s;
+            self.remove(s);
+        }
+        if self.cfg.max_age_ms > 0 {
+            // Lazy expiry of a few stale entries per call (bounded work).
+            for _ in 0..hashes.len().max(1) * 2 {
+                match self.lru.first_key_value() {
+                    Some((s, _)) if self.stale(*s, now_ms) => {
+                        let s = *s;
+                        self.remove(s);
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+
+    fn stale(&self, s: Stamp, now_ms: u64) -> bool {
+        self.cfg.max_age_ms > 0 && now_ms.saturating_sub(s.0) > self.cfg.max_age_ms
+    }
+
+    /// Remove the entry stamped `s` from all three maps.
+    fn remove(&mut self, s: Stamp) {
+        let Some((p, h)) = self.lru.remove(&s) else {
+            return;
+        };
+        if let Some(m) = self.per_host.get_mut(&h) {
+            m.remove(&s);
+            if m.is_empty() {
+                self.per_host.remove(&h);
+            }
+        }
+        if let Some(v) = self.map.get_mut(&p) {
+            v.retain(|(x, st)| !(*x == h && *st == s));
+            if v.is_empty() {
+                self.map.remove(&p);
+            }
+        }
+    }
+
+    /// Drop everything recorded for `host` (restart, cache flush).
+    pub fn forget_host(&mut self, host: usize) {
+        let Ok(h) = u32::try_from(host) else {
+            return;
+        };
+        let Some(m) = self.per_host.remove(&h) else {
+            return;
+        };
+        for (s, p) in m {
+            self.lru.remove(&s);
+            if let Some(v) = self.map.get_mut(&p) {
+                v.retain(|(x, _)| *x != h);
+                if v.is_empty() {
+                    self.map.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// For each host in `hosts`, the longest recorded prefix of this
+    /// request (boundary hashes `hashes`, shortest first) it holds, in
+    /// bytes (`boundaries * stride_bytes`; 0 if none). Probes from the
+    /// longest boundary down, stopping when every host has a match.
+    pub fn lookup(&self, hashes: &[u64], hosts: &[usize], now_ms: u64) -> Vec<u64> {
+        let mut out = vec![0u64; hosts.len()];
+        let mut left = hosts.len();
+        let stride = self.cfg.stride_bytes();
+        for (j, p) in hashes.iter().enumerate().rev() {
+            if left == 0 {
+                break;
+            }
+            let Some(v) = self.map.get(p) else {
+                continue;
+            };
+            for &(h, s) in v {
+                if self.stale(s, now_ms) {
+                    continue;
+                }
+                for (i, want) in hosts.iter().enumerate() {
+                    if *want == h as usize {
+                        if let Some(o) = out.get_mut(i) {
+                            if *o == 0 {
+                                *o = (j as u64 + 1) * stride;
+                                left -= 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The longest recorded prefix held by `host`, in bytes.
+    pub fn matched_bytes(&self, hashes: &[u64], host: usize, now_ms: u64) -> u64 {
+        self.lookup(hashes, &[host], now_ms)
+            .first()
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cfg(max_entries: usize, host_tokens: u64) -> IndexConfig {
+        IndexConfig {
+            stride_chunks: 1,
+            chunk_bytes: 4,
+            max_entries,
+            host_tokens,
+            bytes_per_token: 4.0,
+            max_age_ms: 0,
+        }
+    }
+
+    /// A prompt's boundary hashes: `base` then `len - 1` more (distinct
+    /// prompts share a prefix by sharing leading values).
+    fn chain(prefix: &[u64], extra: u64, len: usize) -> Vec<u64> {
+        let mut v = prefix.to_vec();
+        let mut x = extra;
+        while v.len() < len {
+            x = crate::hash::hash(&x.to_le_bytes(), 1);
+            v.push(x);
+        }
+        v
+    }
+
+    #[test]
+    fn longest_prefix_per_host() {
+        let mut ix = PrefixIndex::new(cfg(1000, 0));
+        let a = chain(&[], 1, 10);
+        ix.observe(0, &a[..4], 0);
+        ix.observe(1, &a, 0);
+        let b = chain(&a[..6], 2, 12); // shares 6 boundaries with `a`
+        assert_eq!(ix.lookup(&b, &[0, 1, 2], 0), vec![16, 24, 0]);
+        assert_eq!(ix.matched_bytes(&a, 1, 0), 40);
+    }
+
+    #[test]
+    fn host_budget_evicts_that_hosts_oldest_deepest_first() {
+        // 1 token per entry, 5 tokens per host.
+        let mut ix = PrefixIndex::new(cfg(1000, 5));
+        let a = chain(&[], 1, 4);
+        let b = chain(&[], 2, 4);
+        ix.observe(0, &a, 0);
+        ix.observe(1, &b, 0);
+        ix.observe(0, &b, 1);
+        assert_eq!(ix.host_len(0), 5);
+        assert_eq!(ix.host_len(1), 4);
+        // a's head survives, its tail went first.
+        assert_eq!(ix.matched_bytes(&a, 0, 1), 4);
+        assert_eq!(ix.matched_bytes(&b, 0, 1), 16);
+        assert_eq!(ix.matched_bytes(&b, 1, 1), 16);
+    }
+
+    #[test]
+    fn forget_host() {
+        let mut ix = PrefixIndex::new(cfg(1000, 0));
+        let a = chain(&[], 1, 6);
+        ix.observe(0, &a, 0);
+        ix.observe(1, &a, 0);
+        let before = ix.footprint_bytes();
+        ix.forget_host(0);
+        assert_eq!(ix.host_len(0), 0);
+        assert_eq!(ix.len(), 6);
+        assert!(ix.footprint_bytes() < before);
+        assert_eq!(ix.lookup(&a, &[0, 1], 0), vec![0, 24]);
+        ix.forget_host(1);
+        assert!(ix.is_empty());
+        assert_eq!(ix.footprint_bytes(), 0);
+    }
+
+    #[test]
+    fn max_age_ignores_stale_entries() {
+        let mut c = cfg(1000, 0);
+        c.max_age_ms = 100;
+        let mut ix = PrefixIndex::new(c);
+        let a = chain(&[], 1, 3);
+        ix.observe(0, &a, 1000);
+        assert_eq!(ix.matched_bytes(&a, 0, 1100), 12);
+        assert_eq!(ix.matched_bytes(&a, 0, 1101), 0);
+        ix.observe(1, &chain(&[], 2, 3), 2000);
+        assert_eq!(ix.host_len(0), 0);
+    }
+
+    #[test]
+    fn default_stride_is_one_kib() {
+        let c = IndexConfig::default();
+        assert_eq!(c.stride_bytes(), 1024);
+        assert_eq!(c.stride_tokens(), 256);
+        assert_eq!(c.host_entries(), 400_000 / 256);
+    }
+
+    proptest! {
+        /// Bounds hold after every call, lookups agree with a naive
+        /// reference that keeps every observation and replays the LRU rule,
+        /// and all three maps stay consistent.
+        #[test]
+        fn bounds_and_reference(ops in proptest::collection::vec((0usize..4, 0u64..6, 1usize..6, 0u8..10), 1..80),
+                                max_entries in 1usize..30, host_tokens in 0u64..12) {
+            let c = cfg(max_entries, host_tokens);
+            let mut ix = PrefixIndex::new(c);
+            // Reference: list of (stamp order, prefix, host), oldest first.
+            let mut reference: Vec<(u64, u32)> = Vec::new();
+            let mut t = 0u64;
+            for (host, prompt, len, op) in ops {
+                let hs = chain(&[], prompt, len);
+                if op == 0 {
+                    ix.forget_host(host);
+                    reference.retain(|(_, h)| *h as usize != host);
+                } else {
+                    ix.observe(host, &hs, t);
+                    for p in hs.iter().rev() {
+                        reference.retain(|(q, h)| !(*q == *p && *h as usize == host));
+                        reference.push((*p, host as u32));
+                    }
+                    let cap = c.host_entries();
+                    while reference.iter().filter(|(_, h)| *h as usize == host).count() > cap {
+                        let i = reference.iter().position(|(_, h)| *h as usize == host).unwrap();
+                        reference.remove(i);
+                    }
+                    while reference.len() > max_entries {
+                        reference.remove(0);
+                    }
+                }
+                t += 1;
+                prop_assert!(ix.len() <= max_entries);
+                for h in 0..4 {
+                    if host_tokens > 0 {
+                        prop_assert!(ix.host_len(h) as u64 <= host_tokens.max(1));
+                    }
+                }
+                prop_assert_eq!(ix.len(), reference.len());
+                let per: usize = ix.per_host.values().map(BTreeMap::len).sum();
+                prop_assert_eq!(per, ix.len());
+                let in_map: usize = ix.map.values().map(Vec::len).sum();
+                prop_assert_eq!(in_map, ix.len());
+                // Lookup equals the reference's longest held boundary.
+                for q in 0..6u64 {
+                    let qs = chain(&[], q, 5);
+                    let got = ix.lookup(&qs, &[0, 1, 2, 3], t);
+                    for (h, g) in got.iter().enumerate() {
+                        let want = qs.iter().enumerate().rev()
+                            .find(|(_, p)| reference.iter().any(|(r, rh)| r == *p && *rh as usize == h))
+                            .map_or(0, |(j, _)| (j as u64 + 1) * 4);
+                        prop_assert_eq!(*g, want);
+                    }
+                }
+            }
+        }
+    }
+}
