@@ -48,6 +48,14 @@ struct DemoArgs {
     filter: FilterConfig,
 }
 
+/// `LO,HI` with `LO <= HI`.
+fn range<T: std::str::FromStr + PartialOrd>(v: &str) -> Option<(T, T)> {
+    let (a, b) = v.split_once(',')?;
+    let lo: T = a.trim().parse().ok()?;
+    let hi: T = b.trim().parse().ok()?;
+    (lo <= hi).then_some((lo, hi))
+}
+
 fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
     let mut d = DemoArgs {
         workload: WorkloadOptions::default(),
@@ -89,13 +97,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
             }
             "--think-ms" => {
                 let v = value()?;
-                let (a, b) = v.split_once(',').ok_or_else(|| bad(&v))?;
-                let lo: u64 = a.trim().parse().map_err(|_| bad(&v))?;
-                let hi: u64 = b.trim().parse().map_err(|_| bad(&v))?;
-                if lo > hi {
-                    return Err(bad(&v));
-                }
-                d.workload.think_ms = (lo, hi);
+                d.workload.think_ms = range(&v).ok_or_else(|| bad(&v))?;
             }
             "--max-tokens" => {
                 let v = value()?;
@@ -103,13 +105,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
             }
             "--first-bytes" => {
                 let v = value()?;
-                let (a, b) = v.split_once(',').ok_or_else(|| bad(&v))?;
-                let lo: usize = a.trim().parse().map_err(|_| bad(&v))?;
-                let hi: usize = b.trim().parse().map_err(|_| bad(&v))?;
-                if lo > hi {
-                    return Err(bad(&v));
-                }
-                d.workload.first_message_bytes = (lo, hi);
+                d.workload.first_message_bytes = range(&v).ok_or_else(|| bad(&v))?;
             }
             "--max-running" => {
                 let v = value()?;

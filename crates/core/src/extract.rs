@@ -132,62 +132,37 @@ fn perr(e: serde_json::Error) -> ExtractError {
     ExtractError::Parse(e.to_string())
 }
 
+/// Every field any of the four APIs routes on; each API reads its own and
+/// serde skips the rest of the body without materializing it.
 #[derive(Deserialize)]
-struct ChatBody<'a> {
+struct Body<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
+    /// Chat and Anthropic messages.
     #[serde(borrow, default)]
     messages: Option<Vec<Message<'a>>>,
     #[serde(borrow, default)]
     tools: Option<&'a RawValue>,
+    /// Legacy OpenAI function definitions.
     #[serde(borrow, default)]
     functions: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    user: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct CompletionBody<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    /// Completions.
     #[serde(borrow, default)]
     prompt: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    user: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct ResponsesBody<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    /// Responses.
     #[serde(borrow, default)]
     instructions: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
     input: Option<&'a RawValue>,
+    /// Anthropic.
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    metadata: Option<AnthropicMeta<'a>>,
     #[serde(borrow, default)]
     user: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     cache_salt: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct AnthropicBody<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
-    #[serde(borrow, default)]
-    metadata: Option<AnthropicMeta<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -234,7 +209,7 @@ pub fn extract<'a, S: PromptSink>(
     };
     let meta = match api {
         Api::ChatCompletions => {
-            let b: ChatBody<'a> = serde_json::from_slice(body).map_err(perr)?;
+            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
             if let Some(t) = b.tools.or(b.functions) {
                 w.tools(t)?;
             }
@@ -251,7 +226,7 @@ pub fn extract<'a, S: PromptSink>(
             }
         }
         Api::Completions => {
-            let b: CompletionBody<'a> = serde_json::from_slice(body).map_err(perr)?;
+            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
             let p = b
                 .prompt
                 .ok_or_else(|| ExtractError::Parse("missing field `prompt`".into()))?;
@@ -263,7 +238,7 @@ pub fn extract<'a, S: PromptSink>(
             }
         }
         Api::Responses => {
-            let b: ResponsesBody<'a> = serde_json::from_slice(body).map_err(perr)?;
+            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
             if let Some(t) = b.tools {
                 w.tools(t)?;
             }
@@ -316,7 +291,7 @@ pub fn extract<'a, S: PromptSink>(
             }
         }
         Api::Messages => {
-            let b: AnthropicBody<'a> = serde_json::from_slice(body).map_err(perr)?;
+            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
             if let Some(s) = b.system {
                 w.sink.write(RS);
                 w.sink.write(b"system");
