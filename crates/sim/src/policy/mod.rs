@@ -12,6 +12,7 @@ pub mod dynamo;
 pub mod gie;
 pub mod kubeai;
 pub mod prefix_router;
+pub mod prefix_router_cost;
 pub mod sglang;
 
 use std::fmt;
@@ -89,6 +90,7 @@ pub trait Policy: Send {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
     PrefixRouter(prefix_router::Params),
+    PrefixRouterCost(prefix_router_cost::Params),
     RoundRobin,
     Random,
     LeastLoaded,
@@ -124,6 +126,7 @@ impl std::error::Error for SpecError {}
 /// Names accepted by [`PolicySpec::parse`].
 pub const NAMES: &[&str] = &[
     "prefix-router",
+    "prefix-router-cost",
     "round-robin",
     "random",
     "least-loaded",
@@ -190,6 +193,9 @@ impl PolicySpec {
         };
         let kind = match name {
             "prefix-router" => Kind::PrefixRouter(prefix_router::Params::parse(&opts)?),
+            "prefix-router-cost" => {
+                Kind::PrefixRouterCost(prefix_router_cost::Params::parse(&opts)?)
+            }
             "round-robin" => none(Kind::RoundRobin)?,
             "random" => none(Kind::Random)?,
             "least-loaded" => none(Kind::LeastLoaded)?,
@@ -224,7 +230,7 @@ impl PolicySpec {
 
     /// Is this the project's router?
     pub fn is_project(&self) -> bool {
-        matches!(self.kind, Kind::PrefixRouter(_))
+        matches!(self.kind, Kind::PrefixRouter(_) | Kind::PrefixRouterCost(_))
     }
 
     /// Build instance `proxy` for `hosts` replicas.
@@ -237,6 +243,9 @@ impl PolicySpec {
         let seed = seed_str(seed, &format!("policy:{}:{proxy}", self.label));
         Ok(match &self.kind {
             Kind::PrefixRouter(p) => Box::new(prefix_router::PrefixRouter::new(p, hosts)?),
+            Kind::PrefixRouterCost(p) => {
+                Box::new(prefix_router_cost::PrefixRouterCost::new(p, hosts)?)
+            }
             Kind::RoundRobin => Box::new(baselines::RoundRobin::new(hosts, proxy)),
             Kind::Random => Box::new(baselines::Random::new(hosts, seed)),
             Kind::LeastLoaded => Box::new(baselines::LeastLoaded::new(hosts, seed)),

@@ -1,0 +1,190 @@
+//! This project's router with the cost rule on (`cost.mode = on`): the
+//! core's [`Router::decide_with_cost`] (estimated TTFT over the key's owner
+//! and its ring successors under the load bound, see
+//! `prefix_router_core::cost`) with a learned
+//! [`PrefixIndex`] (`prefix_router_core::index`).
+//!
+//! Like the filter would, each proxy instance owns its own index and feeds
+//! it from the replica that actually served a request, when its first token
+//! arrives (the filter's response headers): with K proxies each index sees
+//! only 1/K of the responses, so multi-proxy runs show what the divergence
+//! costs. Loads are built exactly as in [`super::prefix_router`] (this
+//! proxy's in-flight count, the replica's reported `num_requests_waiting`).
+//!
+//! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
+//! ...), plus `candidates` (3), `service_s` (0.5), `prefill_tps` (16000),
+//! `stride` (index stride in chunks, 16), `host_tokens` (400000),
+//! `max_entries` (65536). Defaults are the core's `cost` defaults.
+
+use std::collections::BTreeMap;
+
+use prefix_router_core::index::PrefixIndex;
+use prefix_router_core::load::{HostLoad, Report};
+use prefix_router_core::{Config, Decision, Router};
+
+use super::{num, prefix_router, Choice, Outcome, Policy, SpecError, View};
+use crate::input::RouteInput;
+
+/// Options (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub base: prefix_router::Params,
+    pub candidates: u32,
+    pub service_s: f64,
+    pub prefill_tps: f64,
+    pub stride_chunks: u32,
+    pub host_tokens: u64,
+    pub max_entries: u64,
+}
+
+impl Params {
+    pub(crate) fn parse(opts: &[(String, String)]) -> Result<Params, SpecError> {
+        let d = prefix_router_core::config::RawCost::default();
+        let mut p = Params {
+            base: prefix_router::Params::default(),
+            candidates: d.candidates,
+            service_s: d.service_s,
+            prefill_tps: d.prefill_tokens_per_s,
+            stride_chunks: d.stride_chunks,
+            host_tokens: d.host_tokens,
+            max_entries: d.max_entries,
+        };
+        let mut rest = Vec::new();
+        for (k, v) in opts {
+            match k.as_str() {
+                "candidates" => p.candidates = num(k, v)? as u32,
+                "service_s" => p.service_s = num(k, v)?,
+                "prefill_tps" => p.prefill_tps = num(k, v)?,
+                "stride" => p.stride_chunks = num(k, v)? as u32,
+                "host_tokens" => p.host_tokens = num(k, v)? as u64,
+                "max_entries" => p.max_entries = num(k, v)? as u64,
+                _ => rest.push((k.clone(), v.clone())),
+            }
+        }
+        p.base = prefix_router::Params::parse(&rest)?;
+        p.config(2)?;
+        Ok(p)
+    }
+
+    /// The filter config for `hosts` replicas, validated by the core.
+    pub fn config(&self, hosts: usize) -> Result<Config, SpecError> {
+        let base = self.base.config(hosts)?;
+        let mut raw = prefix_router_core::config::RawConfig::default_without_hosts();
+        raw.cost.mode = "on".into();
+        raw.cost.candidates = self.candidates;
+        raw.cost.service_s = self.service_s;
+        raw.cost.prefill_tokens_per_s = self.prefill_tps;
+        raw.cost.stride_chunks = self.stride_chunks;
+        raw.cost.host_tokens = self.host_tokens;
+        raw.cost.max_entries = self.max_entries;
+        raw.chunk_bytes = base.chunk_bytes as u32;
+        raw.hosts = vec![prefix_router_core::config::RawHost {
+            address: "127.0.0.1:1".into(),
+            name: None,
+            weight: None,
+        }];
+        let cost = raw
+            .compile()
+            .map_err(|e| SpecError(format!("prefix-router-cost: {e}")))?
+            .cost;
+        Ok(Config { cost, ..base })
+    }
+}
+
+/// The router with the cost rule and this proxy's index.
+pub struct PrefixRouterCost {
+    router: Router,
+    index: PrefixIndex,
+    loads: Vec<HostLoad>,
+    use_reports: bool,
+    /// Chains of routed requests until their first token.
+    pending: BTreeMap<u64, Vec<u64>>,
+    last_ms: u64,
+    rr: usize,
+}
+
+impl PrefixRouterCost {
+    pub fn new(p: &Params, hosts: usize) -> Result<Self, SpecError> {
+        if p.base.capped() {
+            return Err(SpecError(
+                "prefix-router-cost: mode=capped is not supported".into(),
+            ));
+        }
+        let router = Router::new(p.config(hosts)?);
+        let index = router.new_index();
+        Ok(PrefixRouterCost {
+            router,
+            index,
+            loads: vec![HostLoad::default(); hosts],
+            use_reports: p.base.use_reports,
+            pending: BTreeMap::new(),
+            last_ms: 0,
+            rr: 0,
+        })
+    }
+
+    /// The index (tests).
+    pub fn index(&self) -> &PrefixIndex {
+        &self.index
+    }
+
+    fn fallback(&mut self) -> Choice {
+        let n = self.loads.len().max(1);
+        let host = self.rr % n;
+        self.rr = self.rr.wrapping_add(1);
+        Choice {
+            host,
+            outcome: Outcome::Fallback,
+        }
+    }
+}
+
+impl Policy for PrefixRouterCost {
+    fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
+        for (h, l) in self.loads.iter_mut().enumerate() {
+            l.inflight = view.inflight.get(h).copied().unwrap_or(0);
+            l.report = if self.use_reports {
+                view.reports.get(h).copied().flatten().map(|s| Report {
+                    queue: f64::from(s.waiting),
+                    at_ms: (s.at * 1000.0).max(0.0) as u64,
+                })
+            } else {
+                None
+            };
+        }
+        let now = view.now_ms();
+        self.last_ms = self.last_ms.max(now);
+        let (d, chain) = self.router.decide_with_cost(
+            input.api(),
+            input.body(),
+            None,
+            &self.loads,
+            &self.index,
+            now,
+        );
+        if !chain.hashes.is_empty() {
+            self.pending.insert(input.id, chain.hashes);
+        }
+        match d {
+            Decision::Routed { host, skipped, .. } => Choice {
+                host,
+                outcome: if skipped == 0 {
+                    Outcome::Affinity
+                } else {
+                    Outcome::Spill
+                },
+            },
+            Decision::Fallback(_) => self.fallback(),
+        }
+    }
+
+    fn on_first_token(&mut self, id: u64, host: usize) {
+        if let Some(hashes) = self.pending.remove(&id) {
+            self.index.observe(host, &hashes, self.last_ms);
+        }
+    }
+
+    fn on_done(&mut self, id: u64, _host: usize) {
+        self.pending.remove(&id);
+    }
+}
