@@ -416,6 +416,11 @@ fn bad_filter_config_is_refused_and_named() {
             "capacity_factor",
         ),
         ("empty hosts", json!({"hosts": []}), "hosts"),
+        (
+            "cost rule (simulator only so far)",
+            json!({"cost": {"mode": "on"}}),
+            "cost.mode",
+        ),
     ];
     for (name, patch, field) in cases {
         let opts = EnvoyOptions {

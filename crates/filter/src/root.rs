@@ -64,6 +64,15 @@ impl RootContext for Root {
             }
         };
         match Config::from_json(&bytes) {
+            Ok(cfg) if cfg.cost.enabled => {
+                // The cost rule needs the learned prefix index, which lives in
+                // the core and the simulator but not yet in shared data here.
+                host::log(
+                    LogLevel::Error,
+                    "prefix-router: invalid prefix-router config: field `cost.mode` = \"on\": not supported by the Envoy filter yet (the cost rule runs in prefix-router-sim only); use \"off\"",
+                );
+                false
+            }
             Ok(cfg) => {
                 host::log(
                     LogLevel::Info,
