@@ -152,29 +152,39 @@ impl PrefixRouter {
     }
 
     fn fallback(&mut self) -> Choice {
-        let n = self.loads.len().max(1);
-        let host = self.rr % n;
-        self.rr = self.rr.wrapping_add(1);
-        Choice {
-            host,
-            outcome: Outcome::Fallback,
-        }
+        round_robin_fallback(&mut self.rr, self.loads.len())
+    }
+}
+
+/// What the filter would know of each host: its own in-flight count and,
+/// if enabled, the replica's last report (as `HostLoad`).
+pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports: bool) {
+    for (h, l) in loads.iter_mut().enumerate() {
+        l.inflight = view.inflight.get(h).copied().unwrap_or(0);
+        l.report = if use_reports {
+            view.reports.get(h).copied().flatten().map(|s| Report {
+                queue: f64::from(s.waiting),
+                at_ms: (s.at * 1000.0).max(0.0) as u64,
+            })
+        } else {
+            None
+        };
+    }
+}
+
+/// Envoy's fallback: round robin over the hosts.
+pub(crate) fn round_robin_fallback(rr: &mut usize, hosts: usize) -> Choice {
+    let host = *rr % hosts.max(1);
+    *rr = rr.wrapping_add(1);
+    Choice {
+        host,
+        outcome: Outcome::Fallback,
     }
 }
 
 impl Policy for PrefixRouter {
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
-        for (h, l) in self.loads.iter_mut().enumerate() {
-            l.inflight = view.inflight.get(h).copied().unwrap_or(0);
-            l.report = if self.use_reports {
-                view.reports.get(h).copied().flatten().map(|s| Report {
-                    queue: f64::from(s.waiting),
-                    at_ms: (s.at * 1000.0).max(0.0) as u64,
-                })
-            } else {
-                None
-            };
-        }
+        refresh_loads(&mut self.loads, view, self.use_reports);
         let mut key = match self.router.key(input.api(), input.body(), None) {
             Ok(k) => k,
             Err(_) => return self.fallback(),

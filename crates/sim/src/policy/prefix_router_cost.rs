@@ -19,9 +19,10 @@
 use std::collections::BTreeMap;
 
 use prefix_router_core::index::PrefixIndex;
-use prefix_router_core::load::{HostLoad, Report};
+use prefix_router_core::load::HostLoad;
 use prefix_router_core::{Config, Decision, Router};
 
+use super::prefix_router::{refresh_loads, round_robin_fallback};
 use super::{num, prefix_router, Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
 
@@ -129,29 +130,13 @@ impl PrefixRouterCost {
     }
 
     fn fallback(&mut self) -> Choice {
-        let n = self.loads.len().max(1);
-        let host = self.rr % n;
-        self.rr = self.rr.wrapping_add(1);
-        Choice {
-            host,
-            outcome: Outcome::Fallback,
-        }
+        round_robin_fallback(&mut self.rr, self.loads.len())
     }
 }
 
 impl Policy for PrefixRouterCost {
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
-        for (h, l) in self.loads.iter_mut().enumerate() {
-            l.inflight = view.inflight.get(h).copied().unwrap_or(0);
-            l.report = if self.use_reports {
-                view.reports.get(h).copied().flatten().map(|s| Report {
-                    queue: f64::from(s.waiting),
-                    at_ms: (s.at * 1000.0).max(0.0) as u64,
-                })
-            } else {
-                None
-            };
-        }
+        refresh_loads(&mut self.loads, view, self.use_reports);
         let now = view.now_ms();
         self.last_ms = self.last_ms.max(now);
         let (d, chain) = self.router.decide_with_cost(
