@@ -87,6 +87,7 @@ fn bench_place(c: &mut Criterion) {
                 inflight: if i + 2 < n { 100 } else { 0 },
                 report: None,
                 ejected: false,
+                pending_prefill_tokens: 0,
             })
             .collect();
         let key = match r.key(Api::ChatCompletions, &chat_body(1000), None) {

@@ -33,7 +33,8 @@
 //! | `cost.candidates` | 3 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
 //! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
 //! | `cost.bytes_per_token` | 4 | prompt bytes per token |
-//! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds |
+//! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`) |
+//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the bound still counts requests) |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index |
 //! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound |
@@ -189,6 +190,8 @@ pub struct RawCost {
     pub host_tokens: u64,
     #[serde(default)]
     pub max_age_ms: u64,
+    #[serde(default = "d_cost_queue")]
+    pub queue: String,
 }
 
 impl Default for RawCost {
@@ -203,12 +206,16 @@ impl Default for RawCost {
             max_entries: d_max_entries(),
             host_tokens: d_host_tokens(),
             max_age_ms: 0,
+            queue: d_cost_queue(),
         }
     }
 }
 
 fn d_cost_mode() -> String {
     "off".into()
+}
+fn d_cost_queue() -> String {
+    "requests".into()
 }
 fn d_candidates() -> u32 {
     3
@@ -255,6 +262,17 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
                 "cost.mode",
                 format!("{m:?}"),
                 "must be \"on\" or \"off\"",
+            ))
+        }
+    };
+    let queue = match c.queue.as_str() {
+        "requests" => crate::cost::QueueMode::Requests,
+        "tokens" => crate::cost::QueueMode::Tokens,
+        q => {
+            return Err(err(
+                "cost.queue",
+                format!("{q:?}"),
+                "must be \"requests\" or \"tokens\"",
             ))
         }
     };
@@ -308,6 +326,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             bytes_per_token,
             service_s: c.service_s,
             candidates: c.candidates,
+            queue,
         },
         index: crate::index::IndexConfig {
             stride_chunks: c.stride_chunks,
@@ -999,8 +1018,15 @@ mod tests {
         assert_eq!(c.cost.params.candidates, 4);
         assert_eq!(c.cost.params.service_s, 0.25);
         assert_eq!(c.cost.index.stride_bytes(), 1024);
+        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Requests);
+        let c = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"on","queue":"tokens"}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Tokens);
         for (json, field) in [
             (r#"{"mode":"maybe"}"#, "cost.mode"),
+            (r#"{"queue":"bytes"}"#, "cost.queue"),
             (r#"{"candidates":0}"#, "cost.candidates"),
             (r#"{"prefill_tokens_per_s":0}"#, "cost.prefill_tokens_per_s"),
             (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),

@@ -12,7 +12,9 @@
 //!        + max(0, prompt_tokens - cached_tokens_h) / prefill_tokens_per_s
 //! ```
 //!
-//! where `load_h` is the effective load of [`crate::load::HostLoad`]
+//! (with `cost.queue = "requests"`, the default; see "Token-aware queue"
+//! below for `"tokens"`), where `load_h` is the effective load of
+//! [`crate::load::HostLoad`]
 //! (`max(in-flight, fresh reported queue)`), `prompt_tokens = prompt bytes /
 //! bytes_per_token`, and `cached_tokens_h` is the longest prefix of this
 //! prompt that the router's [`crate::index::PrefixIndex`] says `h` recently
@@ -41,9 +43,10 @@
 //!   cache can only ever be on one of `candidates` hosts (plus spills), so
 //!   proxies and restarts keep agreeing, and a host outside the key's walk
 //!   is never loaded with its prefixes. Dynamo and GIE score every host.
-//! - Queue wait is counted in requests times a fixed service time, not in
-//!   queued prefill tokens (the router does not know the queued requests'
-//!   lengths); `service_s` is the mean uncached prefill time of a request.
+//! - By default queue wait is counted in requests times a fixed service
+//!   time, not in queued prefill tokens (a replica's report does not give
+//!   the queued requests' lengths; `cost.queue = "tokens"` uses the
+//!   router's own pending prompt tokens instead, see above); `service_s` is the mean uncached prefill time of a request.
 //!   The default 0.5 s is 8,000 uncached tokens at 16,000 tokens/s: a
 //!   typical multi-turn chat prompt (the Mooncake conversation trace
 //!   averages 12,000 prompt tokens, of which ~10,500 are uncached at
@@ -54,6 +57,25 @@
 //!   see only their share of the responses (a shared index in the filter's
 //!   shared data is future work), and the index does not see evictions
 //!   (bounded by `host_tokens` instead).
+//!
+//! ## Token-aware queue (`cost.queue = "tokens"`)
+//! Prompts differ by two orders of magnitude (the Mooncake trace: 891 to
+//! 126,000 tokens), so a count of requests says little about the prefill
+//! work ahead of a newcomer. With `QueueMode::Tokens` the queue term is
+//!
+//! ```text
+//! wait_h = pending_prefill_tokens_h / prefill_tokens_per_s
+//! ```
+//!
+//! where `pending_prefill_tokens_h` ([`crate::load::HostLoad`]) is the
+//! prompt tokens of the requests this router sent to `h` that have not yet
+//! produced a first token (prefill still ahead of a new request). There is
+//! no per-request term: requests past their first token (decoding) slow a
+//! newcomer's prefill only a little, and they still count in `load_h`,
+//! which keeps deciding the bound. Like the in-flight count it is this
+//! router's own view: other proxies' prefill work is not seen (replica
+//! reports count requests, so they only feed the bound). Everything else,
+//! the candidates, the bound and the ties, is as above.
 //!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
@@ -69,12 +91,36 @@
 //! less than A's extra 1.0 s of queue: B wins. With A at load 2 instead,
 //! A costs 1.125 s and keeps the request. A hit never counts for more or
 //! less than the prefill seconds it saves.
+//!
+//! ## Worked example with `cost.queue = "tokens"`
+//! The same prompt and cache; A has 3 requests waiting for their first
+//! token totalling 6,000 prompt tokens (short turns), B has 1 waiting
+//! request of 24,000 tokens (a long document):
+//!
+//! ```text
+//! A:  6000 / 16000 + (12000 - 10000) / 16000 = 0.375 + 0.125 = 0.500 s   <- chosen
+//! B: 24000 / 16000 + (12000 -     0) / 16000 = 1.500 + 0.750 = 2.250 s
+//! ```
+//!
+//! Counting requests sends the request to B (above); counting tokens sees
+//! that B's single request is four times A's three and keeps it on A,
+//! with its cache.
 
 use crate::index::PrefixIndex;
 use crate::ring::{Bound, Placement, Ring};
 
 /// Estimates within this many seconds are equal (ring order decides).
 pub const EPSILON_S: f64 = 1e-9;
+
+/// How the queue term counts the work ahead of a new request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueMode {
+    /// `load * service_s` (default).
+    #[default]
+    Requests,
+    /// `pending_prefill_tokens / prefill_tokens_per_s`.
+    Tokens,
+}
 
 /// Cost-rule parameters, in plain units.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -90,6 +136,8 @@ pub struct CostParams {
     /// Hosts considered: the owner and its successors under capacity
     /// (default 3).
     pub candidates: u32,
+    /// Queue term: requests (default) or pending prefill tokens.
+    pub queue: QueueMode,
 }
 
 impl Default for CostParams {
@@ -99,6 +147,7 @@ impl Default for CostParams {
             bytes_per_token: 4.0,
             service_s: 0.5,
             candidates: 3,
+            queue: QueueMode::Requests,
         }
     }
 }
@@ -108,6 +157,29 @@ impl CostParams {
     pub fn ttft_s(&self, load: u64, prompt_bytes: u64, cached_bytes: u64) -> f64 {
         let uncached = prompt_bytes.saturating_sub(cached_bytes) as f64 / self.bytes_per_token;
         load as f64 * self.service_s + uncached / self.prefill_tokens_per_s
+    }
+
+    /// Queue wait ahead of a new request: `load * service_s`, or with
+    /// [`QueueMode::Tokens`] `pending_tokens / prefill rate`.
+    pub fn wait_s(&self, load: u64, pending_tokens: u64) -> f64 {
+        match self.queue {
+            QueueMode::Requests => load as f64 * self.service_s,
+            QueueMode::Tokens => pending_tokens as f64 / self.prefill_tokens_per_s,
+        }
+    }
+
+    /// The estimate the rule minimises: [`CostParams::wait_s`] plus the
+    /// uncached prefill. With [`QueueMode::Requests`] it equals
+    /// [`CostParams::ttft_s`].
+    pub fn estimate_s(
+        &self,
+        load: u64,
+        pending_tokens: u64,
+        prompt_bytes: u64,
+        cached_bytes: u64,
+    ) -> f64 {
+        let uncached = prompt_bytes.saturating_sub(cached_bytes) as f64 / self.bytes_per_token;
+        self.wait_s(load, pending_tokens) + uncached / self.prefill_tokens_per_s
     }
 }
 
@@ -129,7 +201,9 @@ pub struct CostPlacement {
 
 /// Choose a host for `key` by estimated TTFT.
 ///
-/// `loads` are effective loads (indexed like the hosts), `eligible` the
+/// `loads` are effective loads (indexed like the hosts), `pending` each
+/// host's pending prefill tokens (only read with [`QueueMode::Tokens`];
+/// missing entries count 0), `eligible` the
 /// hosts that may be chosen, `chain` the request's strided boundary hashes,
 /// `prompt_bytes` its canonical length. Returns `None` only if no host is
 /// eligible.
@@ -138,6 +212,7 @@ pub fn place(
     ring: &Ring,
     key: u64,
     loads: &[u64],
+    pending: &[u64],
     bound: &Bound,
     eligible: &[bool],
     chain: &[u64],
@@ -180,7 +255,8 @@ pub fn place(
     let mut best: Option<CostPlacement> = None;
     for (i, (&(h, rank), &c)) in cands.iter().zip(cached.iter()).enumerate() {
         let load = loads.get(h).copied().unwrap_or(0);
-        let t = p.ttft_s(load, prompt_bytes, c);
+        let waiting = pending.get(h).copied().unwrap_or(0);
+        let t = p.estimate_s(load, waiting, prompt_bytes, c);
         if best.is_none_or(|b| t < b.ttft_s - EPSILON_S) {
             best = Some(CostPlacement {
                 host: h,
@@ -240,11 +316,91 @@ mod tests {
         loads[a] = 3;
         loads[b] = 1;
         let el = vec![true; 4];
-        let c = place(&r, key, &loads, &bound, &el, &chain, 48_000, &index, 0, &p).unwrap();
+        let c = place(
+            &r,
+            key,
+            &loads,
+            &[],
+            &bound,
+            &el,
+            &chain,
+            48_000,
+            &index,
+            0,
+            &p,
+        )
+        .unwrap();
         assert_eq!((c.host, c.rank, c.cached_bytes), (b, 1, 0));
         loads[a] = 2;
-        let c = place(&r, key, &loads, &bound, &el, &chain, 48_000, &index, 0, &p).unwrap();
+        let c = place(
+            &r,
+            key,
+            &loads,
+            &[],
+            &bound,
+            &el,
+            &chain,
+            48_000,
+            &index,
+            0,
+            &p,
+        )
+        .unwrap();
         assert_eq!((c.host, c.rank, c.cached_bytes), (a, 0, 40_000));
+    }
+
+    #[test]
+    fn worked_example_tokens() {
+        let p = CostParams {
+            queue: QueueMode::Tokens,
+            ..CostParams::default()
+        };
+        assert!((p.estimate_s(3, 6_000, 48_000, 40_000) - 0.5).abs() < 1e-12);
+        assert!((p.estimate_s(1, 24_000, 48_000, 0) - 2.25).abs() < 1e-12);
+        // Requests mode ignores pending tokens and equals `ttft_s`.
+        let q = CostParams::default();
+        assert_eq!(
+            q.estimate_s(3, 6_000, 48_000, 40_000),
+            q.ttft_s(3, 48_000, 40_000)
+        );
+
+        let r = ring(4);
+        let key = 12345u64;
+        let walk: Vec<usize> = r.walk(key).collect();
+        let (a, b) = (walk[0], walk[1]);
+        let chain: Vec<u64> = (1..=48).collect();
+        let mut index = ix();
+        index.observe(a, &chain[..40], 0);
+        let bound = Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        };
+        let mut loads = vec![4u64; 4];
+        loads[a] = 3;
+        loads[b] = 1;
+        let mut pending = vec![100_000u64; 4];
+        pending[a] = 6_000;
+        pending[b] = 24_000;
+        let el = vec![true; 4];
+        // Requests: B (as in the first example); tokens: A keeps it.
+        let c = place(
+            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &q,
+        );
+        assert_eq!(c.unwrap().host, b);
+        let c = place(
+            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &p,
+        );
+        let c = c.unwrap();
+        assert_eq!((c.host, c.rank, c.cached_bytes), (a, 0, 40_000));
+        assert!((c.ttft_s - 0.5).abs() < 1e-12);
+        // A with 20,000 pending tokens (1.25 + 0.125 s) loses to an idle B
+        // (0 + 0.75 s).
+        pending[a] = 20_000;
+        pending[b] = 0;
+        let c = place(
+            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &p,
+        );
+        assert_eq!(c.unwrap().host, b);
     }
 
     #[test]
@@ -254,7 +410,7 @@ mod tests {
         let bound = Bound::factor(100.0);
         let el = vec![true; 5];
         for key in [1u64, 99, 1 << 40, u64::MAX] {
-            let c = place(&r, key, &[2; 5], &bound, &el, &[], 4000, &ix(), 0, &p).unwrap();
+            let c = place(&r, key, &[2; 5], &[], &bound, &el, &[], 4000, &ix(), 0, &p).unwrap();
             assert_eq!(c.host, r.owner(key).unwrap());
             assert_eq!(c.rank, 0);
             assert!(!c.moved);
@@ -268,6 +424,7 @@ mod tests {
         r: &Ring,
         key: u64,
         loads: &[u64],
+        pending: &[u64],
         b: &Bound,
         el: &[bool],
         cached: &[u64],
@@ -286,9 +443,9 @@ mod tests {
             return r.place(key, loads, b, el).map(|x| x.host);
         }
         let mut best = under[0];
-        let mut bt = p.ttft_s(loads[best], prompt, cached[best]);
+        let mut bt = p.estimate_s(loads[best], pending[best], prompt, cached[best]);
         for &h in &under[1..] {
-            let t = p.ttft_s(loads[h], prompt, cached[h]);
+            let t = p.estimate_s(loads[h], pending[h], prompt, cached[h]);
             if t < bt - EPSILON_S {
                 best = h;
                 bt = t;
@@ -309,19 +466,23 @@ mod tests {
             c in 1.0f64..2.0,
             floor in 0.0f64..4.0,
             service in 0.0f64..2.0,
+            pending in proptest::collection::vec(0u64..200_000, 8),
+            tokens in any::<bool>(),
         ) {
             let r = ring(n);
             let loads = &loads[..n];
             let mut el: Vec<bool> = ejected[..n].iter().map(|e| !e).collect();
             if !el.iter().any(|e| *e) { el.iter_mut().for_each(|e| *e = true); }
             let bound = Bound { factor: c, min_capacity: floor };
-            let p = CostParams { service_s: service, candidates: cands, ..CostParams::default() };
+            let queue = if tokens { QueueMode::Tokens } else { QueueMode::Requests };
+            let p = CostParams { service_s: service, candidates: cands, queue, ..CostParams::default() };
+            let pending = &pending[..n];
             let chain: Vec<u64> = (1..=5).collect();
             let mut index = ix();
             for h in 0..n { index.observe(h, &chain[..held[h]], 0); }
             let cached: Vec<u64> = (0..n).map(|h| held[h] as u64 * 1000).collect();
-            let got = place(&r, key, loads, &bound, &el, &chain, 5000, &index, 0, &p).unwrap();
-            let want = naive(&r, key, loads, &bound, &el, &cached, 5000, &p).unwrap();
+            let got = place(&r, key, loads, pending, &bound, &el, &chain, 5000, &index, 0, &p).unwrap();
+            let want = naive(&r, key, loads, pending, &bound, &el, &cached, 5000, &p).unwrap();
             prop_assert_eq!(got.host, want);
             // The bound: never a host at/over capacity when an eligible one is under.
             let total: u64 = loads.iter().sum();
@@ -332,7 +493,7 @@ mod tests {
             }
             // One candidate is plain bounded loads.
             let one = CostParams { candidates: 1, ..p };
-            let g1 = place(&r, key, loads, &bound, &el, &chain, 5000, &index, 0, &one).unwrap();
+            let g1 = place(&r, key, loads, pending, &bound, &el, &chain, 5000, &index, 0, &one).unwrap();
             prop_assert_eq!(g1.host, r.place(key, loads, &bound, &el).unwrap().host);
         }
     }

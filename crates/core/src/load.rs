@@ -47,6 +47,11 @@ pub struct HostLoad {
     pub report: Option<Report>,
     /// Out of rotation (passive health), see [`crate::health`].
     pub ejected: bool,
+    /// Prompt tokens of the requests this router sent to the host that
+    /// have not yet produced a first token: prefill work ahead of a new
+    /// request. Read only by the cost rule with `cost.queue = "tokens"`
+    /// ([`crate::cost`]); 0 when the caller does not track it.
+    pub pending_prefill_tokens: u64,
 }
 
 impl HostLoad {
@@ -235,6 +240,7 @@ pub fn read_load<S: SharedStore + ?Sized>(
         inflight,
         report,
         ejected: false,
+        pending_prefill_tokens: 0,
     })
 }
 
@@ -330,6 +336,7 @@ mod tests {
                 at_ms: 1000,
             }),
             ejected: false,
+            pending_prefill_tokens: 0,
         };
         assert_eq!(l.effective(1500, 1000), 10);
         assert_eq!(l.effective(2001, 1000), 2);
@@ -340,6 +347,7 @@ mod tests {
                 at_ms: 0,
             }),
             ejected: false,
+            pending_prefill_tokens: 0,
         };
         assert_eq!(low.effective(0, 10), 5);
     }

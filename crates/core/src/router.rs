@@ -382,10 +382,14 @@ impl Router {
             return self.place(key, loads, now_ms);
         }
         let (eff, eligible) = self.loads(loads, now_ms);
+        let pending: Vec<u64> = (0..eff.len())
+            .map(|i| loads.get(i).map_or(0, |l| l.pending_prefill_tokens))
+            .collect();
         match cost::place(
             &self.ring,
             key.hash,
             &eff,
+            &pending,
             &self.bound(),
             &eligible,
             &prompt.hashes,

@@ -14,7 +14,14 @@
 //! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
 //! ...), plus `candidates` (3), `service_s` (0.5), `prefill_tps` (16000),
 //! `stride` (index stride in chunks, 16), `host_tokens` (400000),
-//! `max_entries` (65536). Defaults are the core's `cost` defaults.
+//! `max_entries` (65536), `queue` (`requests` | `tokens`, see
+//! `prefix_router_core::cost`). Defaults are the core's `cost` defaults.
+//!
+//! With `queue=tokens` the policy tracks, per host, the prompt tokens
+//! (canonical prompt bytes / `bytes_per_token`, what the filter can count)
+//! of the requests it routed that have not yet produced a first token, and
+//! passes them as `HostLoad::pending_prefill_tokens`. The counts are kept
+//! in every mode (they are only read with `tokens`).
 
 use std::collections::BTreeMap;
 
@@ -36,6 +43,7 @@ pub struct Params {
     pub stride_chunks: u32,
     pub host_tokens: u64,
     pub max_entries: u64,
+    pub queue: String,
 }
 
 impl Params {
@@ -49,6 +57,7 @@ impl Params {
             stride_chunks: d.stride_chunks,
             host_tokens: d.host_tokens,
             max_entries: d.max_entries,
+            queue: d.queue,
         };
         let mut rest = Vec::new();
         for (k, v) in opts {
@@ -59,6 +68,7 @@ impl Params {
                 "stride" => p.stride_chunks = num(k, v)? as u32,
                 "host_tokens" => p.host_tokens = num(k, v)? as u64,
                 "max_entries" => p.max_entries = num(k, v)? as u64,
+                "queue" => p.queue = v.clone(),
                 _ => rest.push((k.clone(), v.clone())),
             }
         }
@@ -78,6 +88,7 @@ impl Params {
         raw.cost.stride_chunks = self.stride_chunks;
         raw.cost.host_tokens = self.host_tokens;
         raw.cost.max_entries = self.max_entries;
+        raw.cost.queue = self.queue.clone();
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
             address: "127.0.0.1:1".into(),
@@ -98,8 +109,12 @@ pub struct PrefixRouterCost {
     index: PrefixIndex,
     loads: Vec<HostLoad>,
     use_reports: bool,
-    /// Chains of routed requests until their first token.
-    pending: BTreeMap<u64, Vec<u64>>,
+    /// Chains of routed requests until their first token, with the host
+    /// they were sent to and their prompt tokens.
+    pending: BTreeMap<u64, (Vec<u64>, usize, u64)>,
+    /// Per host: prompt tokens of `pending` requests sent there.
+    pending_tokens: Vec<u64>,
+    bytes_per_token: f64,
     last_ms: u64,
     rr: usize,
 }
@@ -113,12 +128,15 @@ impl PrefixRouterCost {
         }
         let router = Router::new(p.config(hosts)?);
         let index = router.new_index();
+        let bytes_per_token = router.config().cost.params.bytes_per_token;
         Ok(PrefixRouterCost {
             router,
             index,
             loads: vec![HostLoad::default(); hosts],
             use_reports: p.base.use_reports,
             pending: BTreeMap::new(),
+            pending_tokens: vec![0; hosts],
+            bytes_per_token,
             last_ms: 0,
             rr: 0,
         })
@@ -132,11 +150,23 @@ impl PrefixRouterCost {
     fn fallback(&mut self) -> Choice {
         round_robin_fallback(&mut self.rr, self.loads.len())
     }
+
+    /// Forget a pending request: its prefill is no longer ahead of anyone.
+    fn settle(&mut self, id: u64) -> Option<Vec<u64>> {
+        let (hashes, host, tokens) = self.pending.remove(&id)?;
+        if let Some(t) = self.pending_tokens.get_mut(host) {
+            *t = t.saturating_sub(tokens);
+        }
+        Some(hashes)
+    }
 }
 
 impl Policy for PrefixRouterCost {
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
         refresh_loads(&mut self.loads, view, self.use_reports);
+        for (l, &t) in self.loads.iter_mut().zip(&self.pending_tokens) {
+            l.pending_prefill_tokens = t;
+        }
         let now = view.now_ms();
         self.last_ms = self.last_ms.max(now);
         let (d, chain) = self.router.decide_with_cost(
@@ -147,10 +177,7 @@ impl Policy for PrefixRouterCost {
             &self.index,
             now,
         );
-        if !chain.hashes.is_empty() {
-            self.pending.insert(input.id, chain.hashes);
-        }
-        match d {
+        let choice = match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
                 outcome: if skipped == 0 {
@@ -160,16 +187,59 @@ impl Policy for PrefixRouterCost {
                 },
             },
             Decision::Fallback(_) => self.fallback(),
+        };
+        if chain.bytes > 0 || !chain.hashes.is_empty() {
+            let tokens = (chain.bytes as f64 / self.bytes_per_token).round() as u64;
+            if let Some(t) = self.pending_tokens.get_mut(choice.host) {
+                *t += tokens;
+            }
+            self.pending
+                .insert(input.id, (chain.hashes, choice.host, tokens));
         }
+        choice
     }
 
     fn on_first_token(&mut self, id: u64, host: usize) {
-        if let Some(hashes) = self.pending.remove(&id) {
+        if let Some(hashes) = self.settle(id) {
             self.index.observe(host, &hashes, self.last_ms);
         }
     }
 
     fn on_done(&mut self, id: u64, _host: usize) {
-        self.pending.remove(&id);
+        self.settle(id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prefix_router_core::cost::QueueMode;
+
+    fn opts(kv: &[(&str, &str)]) -> Vec<(String, String)> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn queue_option() {
+        let p = Params::parse(&opts(&[])).unwrap();
+        assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
+        let p = Params::parse(&opts(&[("queue", "tokens")])).unwrap();
+        assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Tokens);
+        let e = Params::parse(&opts(&[("queue", "bytes")])).unwrap_err();
+        assert!(e.0.contains("cost.queue"), "{}", e.0);
+    }
+
+    #[test]
+    fn pending_tokens_settle_once() {
+        let p = Params::parse(&opts(&[("queue", "tokens")])).unwrap();
+        let mut r = PrefixRouterCost::new(&p, 2).unwrap();
+        r.pending.insert(7, (vec![1, 2], 1, 500));
+        r.pending_tokens[1] = 500;
+        r.on_first_token(7, 0);
+        assert_eq!(r.pending_tokens, vec![0, 0]);
+        r.on_done(7, 0);
+        assert_eq!(r.pending_tokens, vec![0, 0]);
     }
 }
