@@ -417,9 +417,9 @@ fn bad_filter_config_is_refused_and_named() {
         ),
         ("empty hosts", json!({"hosts": []}), "hosts"),
         (
-            "cost rule (simulator only so far)",
-            json!({"cost": {"mode": "on"}}),
-            "cost.mode",
+            "cost queue mode bogus",
+            json!({"cost": {"mode": "on", "queue": "bogus"}}),
+            "cost.queue",
         ),
     ];
     for (name, patch, field) in cases {
@@ -725,4 +725,171 @@ fn passive_health_ejects_a_dead_replica() {
             );
         }
     }
+}
+
+/// One turn of a multi-turn conversation: the history so far plus `user`.
+fn chat_turn(
+    agent: &ureq::Agent,
+    lab: &Lab,
+    history: &mut Vec<serde_json::Value>,
+    user: &str,
+) -> RequestRecord {
+    history.push(json!({"role": "user", "content": user}));
+    let body = chat_body("sim-llm", history, 8);
+    let mut rec = RequestRecord::default();
+    workload::send_streaming(
+        agent,
+        &ok(lab.envoy()).url("/v1/chat/completions"),
+        &body,
+        &[],
+        &mut rec,
+    );
+    history.push(json!({"role": "assistant", "content": format!("Noted: {user}")}));
+    rec
+}
+
+/// A conversation's opening: a system prompt of a few KiB (several index strides of 1 KiB)
+/// unique to the conversation.
+fn conversation_start(tag: &str, i: usize) -> Vec<serde_json::Value> {
+    let doc: String = (0..40)
+        .map(|l| format!("[{tag} {i}] line {l}: the quick brown fox jumps over the lazy dog. "))
+        .collect();
+    vec![
+        json!({"role": "system", "content": format!("You answer questions about this document.\n{doc}")}),
+    ]
+}
+
+// 12. The cost rule in Envoy: turns of a conversation stay on one replica (the shared prefix
+//     index learns from responses), and new conversations avoid a replica with a queue spike.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn cost_mode_keeps_affinity_and_avoids_a_spike() {
+    let _g = serial();
+    let lab = lab(
+        "e2e-cost",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Patched(json!({"cost": {"mode": "on"}})),
+    );
+    let agent = http::agent(Duration::from_secs(30));
+    let conversations = 8;
+    let turns = 3;
+    let mut histories: Vec<Vec<serde_json::Value>> = (0..conversations)
+        .map(|i| conversation_start("cost", i))
+        .collect();
+    let mut homes: Vec<String> = Vec::new();
+    let mut per_replica: std::collections::BTreeMap<String, usize> = Default::default();
+    for (i, h) in histories.iter_mut().enumerate() {
+        let mut seen = Vec::new();
+        for t in 0..turns {
+            let r = chat_turn(
+                &agent,
+                &lab,
+                h,
+                &format!("Question {t} about conversation {i}?"),
+            );
+            assert!(r.ok(), "conversation {i} turn {t} failed: {r:?}");
+            seen.push(r.backend.clone().unwrap_or_default());
+        }
+        assert!(
+            seen.iter().all(|b| *b == seen[0]),
+            "conversation {i} moved between replicas: {seen:?}\n{}",
+            prefix_router_metrics(&lab)
+        );
+        *per_replica.entry(seen[0].clone()).or_default() += turns;
+        homes.push(seen[0].clone());
+    }
+    let observed = filter_counter(&lab, &["prefix_router", "index", "observed"]);
+    assert!(
+        observed > 0.0,
+        "the shared index learned nothing\n{}",
+        prefix_router_metrics(&lab)
+    );
+    let footprint = filter_counter(&lab, &["prefix_router", "index", "footprint_bytes"]);
+    assert_eq!(footprint, (4096 * 8 * 18) as f64, "footprint gauge");
+    eprintln!("before the spike, requests per replica: {per_replica:?}; index entries observed: {observed}");
+
+    // Spike the busiest replica (the likeliest owner of new keys too); the next turn of one
+    // of its conversations brings the report back.
+    let spiked = per_replica
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(b, _)| b.clone())
+        .unwrap_or_default();
+    let first = homes.iter().position(|h| *h == spiked).unwrap_or(0);
+    ok(ok(lab.backend(&spiked)).set_extra_waiting(100));
+    let refresh = chat_turn(&agent, &lab, &mut histories[first], "One more question?");
+    assert!(refresh.ok(), "refresh request failed: {refresh:?}");
+    eprintln!(
+        "spiked {spiked}; refresh: backend {:?} decision {:?}",
+        refresh.backend, refresh.decision
+    );
+
+    let mut after: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut moved = 0;
+    for i in 0..conversations {
+        let mut h = conversation_start("cost-new", i);
+        for t in 0..2 {
+            let r = chat_turn(&agent, &lab, &mut h, &format!("New question {t} for {i}?"));
+            assert!(r.ok(), "new conversation {i} turn {t} failed: {r:?}");
+            let b = r.backend.clone().unwrap_or_default();
+            assert_ne!(
+                b,
+                spiked,
+                "new conversation {i} sent to the spiked replica: decision {:?}\n{}",
+                r.decision,
+                prefix_router_metrics(&lab)
+            );
+            *after.entry(b).or_default() += 1;
+            if r.decision
+                .as_deref()
+                .is_some_and(|d| d.contains("outcome=spill"))
+            {
+                moved += 1;
+            }
+        }
+    }
+    eprintln!(
+        "during the spike, new-conversation requests per replica: {after:?}; \
+         {moved} of {} placed past their ring owner",
+        conversations * 2
+    );
+    assert_eq!(
+        filter_counter(&lab, &["prefix_router", "host_errors"]),
+        0.0,
+        "{}",
+        prefix_router_metrics(&lab)
+    );
+    drop(lab);
+
+    // The token-aware queue term: pending prefill tokens in shared data, same affinity.
+    let lab = self::lab(
+        "e2e-cost-tokens",
+        EnvoyMode::PrefixRouter,
+        FilterConfig::Patched(json!({"cost": {"mode": "on", "queue": "tokens"}})),
+    );
+    for i in 0..4 {
+        let mut h = conversation_start("cost-tokens", i);
+        let mut seen = Vec::new();
+        for t in 0..3 {
+            let r = chat_turn(
+                &agent,
+                &lab,
+                &mut h,
+                &format!("Token question {t} for {i}?"),
+            );
+            assert!(r.ok(), "tokens: conversation {i} turn {t} failed: {r:?}");
+            seen.push(r.backend.clone().unwrap_or_default());
+        }
+        assert!(
+            seen.iter().all(|b| *b == seen[0]),
+            "tokens: conversation {i} moved between replicas: {seen:?}"
+        );
+    }
+    assert!(filter_counter(&lab, &["prefix_router", "index", "observed"]) > 0.0);
+    assert_eq!(
+        filter_counter(&lab, &["prefix_router", "host_errors"]),
+        0.0,
+        "{}",
+        prefix_router_metrics(&lab)
+    );
 }

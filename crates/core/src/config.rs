@@ -34,11 +34,13 @@
 //! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
 //! | `cost.bytes_per_token` | 4 | prompt bytes per token |
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`) |
-//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the bound still counts requests) |
+//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end; the bound still counts requests) |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
-//! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index |
-//! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound |
+//! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
+//! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound (simulator's in-memory index only) |
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
+//! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
+//! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
 //! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics` |
 
 use serde::Deserialize;
@@ -192,6 +194,10 @@ pub struct RawCost {
     pub max_age_ms: u64,
     #[serde(default = "d_cost_queue")]
     pub queue: String,
+    #[serde(default = "d_index_buckets")]
+    pub index_buckets: u32,
+    #[serde(default = "d_bucket_entries")]
+    pub bucket_entries: u32,
 }
 
 impl Default for RawCost {
@@ -207,6 +213,8 @@ impl Default for RawCost {
             host_tokens: d_host_tokens(),
             max_age_ms: 0,
             queue: d_cost_queue(),
+            index_buckets: d_index_buckets(),
+            bucket_entries: d_bucket_entries(),
         }
     }
 }
@@ -216,6 +224,12 @@ fn d_cost_mode() -> String {
 }
 fn d_cost_queue() -> String {
     "requests".into()
+}
+fn d_index_buckets() -> u32 {
+    4096
+}
+fn d_bucket_entries() -> u32 {
+    8
 }
 fn d_candidates() -> u32 {
     3
@@ -248,7 +262,14 @@ pub struct CostConfig {
     pub params: crate::cost::CostParams,
     /// The prefix index's bounds.
     pub index: crate::index::IndexConfig,
+    /// The shared-data index's shape (the Envoy filter).
+    pub shared: crate::shared_index::SharedIndexConfig,
 }
+
+/// Upper bound of `cost.index_buckets`.
+pub const MAX_INDEX_BUCKETS: u32 = 1 << 16;
+/// Upper bound of `cost.bucket_entries`.
+pub const MAX_BUCKET_ENTRIES: u32 = 64;
 
 /// Upper bound of `cost.max_entries`.
 pub const MAX_INDEX_ENTRIES: u64 = 1 << 24;
@@ -312,6 +333,20 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
     if c.host_tokens > 1 << 40 {
         return Err(err("cost.host_tokens", c.host_tokens, "must be <= 2^40"));
     }
+    if !(1..=MAX_INDEX_BUCKETS).contains(&c.index_buckets) {
+        return Err(err(
+            "cost.index_buckets",
+            c.index_buckets,
+            format!("must be 1..={MAX_INDEX_BUCKETS}"),
+        ));
+    }
+    if !(1..=MAX_BUCKET_ENTRIES).contains(&c.bucket_entries) {
+        return Err(err(
+            "cost.bucket_entries",
+            c.bucket_entries,
+            format!("must be 1..={MAX_BUCKET_ENTRIES}"),
+        ));
+    }
     if c.max_age_ms > 86_400_000 {
         return Err(err(
             "cost.max_age_ms",
@@ -319,6 +354,14 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be 0 (never) ..= 86400000",
         ));
     }
+    let index = crate::index::IndexConfig {
+        stride_chunks: c.stride_chunks,
+        chunk_bytes,
+        max_entries: usize::try_from(c.max_entries).unwrap_or(usize::MAX),
+        host_tokens: c.host_tokens,
+        bytes_per_token,
+        max_age_ms: c.max_age_ms,
+    };
     Ok(CostConfig {
         enabled,
         params: crate::cost::CostParams {
@@ -328,12 +371,11 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             candidates: c.candidates,
             queue,
         },
-        index: crate::index::IndexConfig {
-            stride_chunks: c.stride_chunks,
-            chunk_bytes,
-            max_entries: usize::try_from(c.max_entries).unwrap_or(usize::MAX),
-            host_tokens: c.host_tokens,
-            bytes_per_token,
+        index,
+        shared: crate::shared_index::SharedIndexConfig {
+            buckets: c.index_buckets,
+            bucket_entries: c.bucket_entries,
+            stride_bytes: index.stride_bytes(),
             max_age_ms: c.max_age_ms,
         },
     })
@@ -1010,6 +1052,10 @@ mod tests {
         assert!(!c.cost.enabled);
         assert_eq!(c.cost.params, crate::cost::CostParams::default());
         assert_eq!(c.cost.index, crate::index::IndexConfig::default());
+        assert_eq!(
+            c.cost.shared,
+            crate::shared_index::SharedIndexConfig::default()
+        );
         let c = Config::from_json(
             br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"on","candidates":4,"service_s":0.25,"stride_chunks":8}}"#,
         )
@@ -1034,6 +1080,10 @@ mod tests {
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),
             (r#"{"max_age_ms":100000000000}"#, "cost.max_age_ms"),
+            (r#"{"index_buckets":0}"#, "cost.index_buckets"),
+            (r#"{"index_buckets":70000}"#, "cost.index_buckets"),
+            (r#"{"bucket_entries":0}"#, "cost.bucket_entries"),
+            (r#"{"bucket_entries":65}"#, "cost.bucket_entries"),
         ] {
             let e = bad(&format!(
                 r#"{{"hosts":[{{"address":"127.0.0.1:1"}}],"cost":{json}}}"#

@@ -17,7 +17,9 @@
 //! [`crate::load::HostLoad`]
 //! (`max(in-flight, fresh reported queue)`), `prompt_tokens = prompt bytes /
 //! bytes_per_token`, and `cached_tokens_h` is the longest prefix of this
-//! prompt that the router's [`crate::index::PrefixIndex`] says `h` recently
+//! prompt that the router's index ([`crate::index::PrefixLookup`]: the
+//! in-memory [`crate::index::PrefixIndex`] or the filter's
+//! [`crate::shared_index`]) says `h` recently
 //! served. The smallest estimate wins; estimates within `EPSILON_S` of each
 //! other count as equal and the earlier host in ring order wins, so proxies
 //! with the same view agree (and with an empty index and equal loads the
@@ -53,10 +55,11 @@
 //!   the fleet's measured hit rate, so 0.66 s; decode-phase requests in
 //!   the in-flight count cost a newcomer far less, which pulls the mean
 //!   down).
-//! - The cache estimate is this proxy's own index: several proxies each
-//!   see only their share of the responses (a shared index in the filter's
-//!   shared data is future work), and the index does not see evictions
-//!   (bounded by `host_tokens` instead).
+//! - The cache estimate is this proxy's own index (in the Envoy filter the
+//!   shared-data index of [`crate::shared_index`], shared by the workers of
+//!   one process): several proxies each see only their share of the
+//!   responses, and the index does not see evictions (bounded by
+//!   `host_tokens` in the simulator, by its buckets in the filter).
 //!
 //! ## Token-aware queue (`cost.queue = "tokens"`)
 //! Prompts differ by two orders of magnitude (the Mooncake trace: 891 to
@@ -106,7 +109,7 @@
 //! that B's single request is four times A's three and keeps it on A,
 //! with its cache.
 
-use crate::index::PrefixIndex;
+use crate::index::PrefixLookup;
 use crate::ring::{Bound, Placement, Ring};
 
 /// Estimates within this many seconds are equal (ring order decides).
@@ -208,7 +211,7 @@ pub struct CostPlacement {
 /// `prompt_bytes` its canonical length. Returns `None` only if no host is
 /// eligible.
 #[allow(clippy::too_many_arguments)]
-pub fn place(
+pub fn place<I: PrefixLookup + ?Sized>(
     ring: &Ring,
     key: u64,
     loads: &[u64],
@@ -217,7 +220,7 @@ pub fn place(
     eligible: &[bool],
     chain: &[u64],
     prompt_bytes: u64,
-    index: &PrefixIndex,
+    index: &I,
     now_ms: u64,
     p: &CostParams,
 ) -> Option<CostPlacement> {
@@ -273,7 +276,7 @@ pub fn place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::IndexConfig;
+    use crate::index::{IndexConfig, PrefixIndex};
     use proptest::prelude::*;
 
     fn ring(n: usize) -> Ring {

@@ -97,6 +97,22 @@ impl IndexConfig {
     }
 }
 
+/// Something that answers "how much of this prompt does each host hold?"
+/// for [`crate::cost::place`]: the in-memory [`PrefixIndex`] (simulator)
+/// or the shared-data index ([`crate::shared_index::SharedLookup`], the
+/// Envoy filter).
+pub trait PrefixLookup {
+    /// For each host in `hosts`, the longest recorded prefix of the request
+    /// with boundary hashes `hashes` (shortest first), in bytes.
+    fn lookup(&self, hashes: &[u64], hosts: &[usize], now_ms: u64) -> Vec<u64>;
+}
+
+impl PrefixLookup for PrefixIndex {
+    fn lookup(&self, hashes: &[u64], hosts: &[usize], now_ms: u64) -> Vec<u64> {
+        PrefixIndex::lookup(self, hashes, hosts, now_ms)
+    }
+}
+
 /// Ordering stamp of an entry: `(now_ms, sequence)`.
 type Stamp = (u64, u64);
 

@@ -35,6 +35,7 @@ pub mod load;
 pub mod ring;
 pub mod router;
 pub mod scrape;
+pub mod shared_index;
 
 pub use config::{Config, ConfigError};
 pub use router::{Decision, FallbackCause, Key, KeySource, PromptChain, RequestHead, Router};

@@ -174,7 +174,8 @@ fn report_key(address: &str) -> String {
     format!("prefix_router/report/{address}")
 }
 
-fn decode_u64(v: Option<&[u8]>) -> u64 {
+/// A little-endian u64 value (0 if absent or not 8 bytes).
+pub fn decode_u64(v: Option<&[u8]>) -> u64 {
     match v.and_then(|b| <[u8; 8]>::try_from(b).ok()) {
         Some(a) => u64::from_le_bytes(a),
         None => 0,
@@ -188,16 +189,25 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
     address: &str,
     delta: i64,
 ) -> Result<u64, StoreError> {
-    let key = inflight_key(address);
+    add_counter(store, &inflight_key(address), delta)
+}
+
+/// Add `delta` to the u64 counter under `key` (saturating at 0) with a
+/// bounded compare-and-swap loop; returns the new value.
+pub fn add_counter<S: SharedStore + ?Sized>(
+    store: &S,
+    key: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
     for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(&key)?;
+        let (v, cas) = store.get(key)?;
         let cur = decode_u64(v.as_deref());
         let new = if delta >= 0 {
             cur.saturating_add(delta.unsigned_abs())
         } else {
             cur.saturating_sub(delta.unsigned_abs())
         };
-        match store.set(&key, &new.to_le_bytes(), cas) {
+        match store.set(key, &new.to_le_bytes(), cas) {
             Ok(()) => return Ok(new),
             Err(StoreError::CasMismatch) => continue,
             Err(e) => return Err(e),

@@ -8,9 +8,10 @@
 //!
 //! The cost rule ([`crate::cost`], `cost.mode = on`) is a separate entry
 //! point, [`Router::decide_with_cost`] / [`Router::place_cost`]: it needs the
-//! whole prompt's strided chain ([`Router::key_with_chain`]) and the
-//! proxy's [`PrefixIndex`], which the caller owns and feeds with
-//! [`PrefixIndex::observe`] from the host that actually served. With
+//! whole prompt's strided chain ([`Router::key_with_chain`]) and a
+//! [`PrefixLookup`] (the simulator's [`PrefixIndex`] or the filter's
+//! shared-data index, [`crate::shared_index`]), which the caller owns and
+//! feeds from the host that actually served. With
 //! `cost.mode = off` it decides exactly like [`Router::decide`].
 
 use std::fmt::Write as _;
@@ -19,7 +20,7 @@ use crate::config::Config;
 use crate::cost;
 use crate::extract::{extract, Api, ExtractError};
 use crate::hash;
-use crate::index::PrefixIndex;
+use crate::index::{PrefixIndex, PrefixLookup};
 use crate::key::KeySink;
 use crate::load::HostLoad;
 use crate::ring::{Bound, Ring};
@@ -370,12 +371,12 @@ impl Router {
     /// Place by the cost rule ([`crate::cost`]) if `cost.mode = on`, else
     /// exactly [`Router::place`]. `skipped` is the chosen host's position on
     /// the key's walk (0: the owner, a "hit").
-    pub fn place_cost(
+    pub fn place_cost<I: PrefixLookup + ?Sized>(
         &self,
         key: Key,
         prompt: &PromptChain,
         loads: &[HostLoad],
-        index: &PrefixIndex,
+        index: &I,
         now_ms: u64,
     ) -> Decision {
         if !self.cfg.cost.enabled {
@@ -410,13 +411,13 @@ impl Router {
     /// Key and place by the cost rule in one call; also returns the
     /// prompt's chain, to pass to [`PrefixIndex::observe`] with the host
     /// that actually serves the request.
-    pub fn decide_with_cost(
+    pub fn decide_with_cost<I: PrefixLookup + ?Sized>(
         &self,
         api: Api,
         body: &[u8],
         session: Option<&str>,
         loads: &[HostLoad],
-        index: &PrefixIndex,
+        index: &I,
         now_ms: u64,
     ) -> (Decision, PromptChain) {
         match self.key_with_chain(api, body, session) {

@@ -11,12 +11,22 @@
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
 //! 4. Log / done: the in-flight count is released exactly once.
+//!
+//! With `cost.mode = on` step 2 also hashes the whole prompt's strided chain
+//! and places by the cost rule, reading the shared-data prefix index
+//! ([`prefix_router_core::shared_index`]) and, with `cost.queue = tokens`,
+//! each host's pending prefill tokens (this request's prompt tokens are
+//! added to the chosen host's); step 3 records the chain under the host that
+//! actually served (2xx only) and releases the pending tokens (also
+//! released at log / done if no response headers came, exactly once).
 
 use std::rc::Rc;
 
+use prefix_router_core::cost::QueueMode;
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
 use prefix_router_core::load::{self, HostLoad, Report};
+use prefix_router_core::shared_index::{self, SharedLookup};
 use prefix_router_core::{Decision, FallbackCause, RequestHead};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
@@ -39,6 +49,12 @@ pub struct Http {
     body_size: usize,
     /// Address whose in-flight count this request holds.
     inflight: Option<String>,
+    /// Cost rule: the prompt's strided chain, to record under the host
+    /// that serves it.
+    chain: Vec<u64>,
+    /// Cost rule with `queue = tokens`: address and prompt tokens this
+    /// request holds in the shared pending-prefill count.
+    pending: Option<(String, u64)>,
 }
 
 impl Http {
@@ -51,6 +67,8 @@ impl Http {
             decision: None,
             body_size: 0,
             inflight: None,
+            chain: Vec::new(),
+            pending: None,
         }
     }
 
@@ -99,6 +117,8 @@ impl Http {
                 0
             }
         };
+        let cost_on = cfg.cost.enabled;
+        let tokens_mode = cost_on && cfg.cost.params.queue == QueueMode::Tokens;
         let mut loads = Vec::with_capacity(cfg.hosts.len());
         for h in &cfg.hosts {
             let mut l = match load::read_load(&SharedData, &h.address) {
@@ -114,12 +134,42 @@ impl Http {
                     Err(e) => self.host_error("reading shared health", e),
                 }
             }
+            if tokens_mode {
+                match shared_index::read_pending_tokens(&SharedData, &h.address) {
+                    Ok(t) => l.pending_prefill_tokens = t,
+                    Err(e) => self.host_error("reading pending prefill tokens", e),
+                }
+            }
             loads.push(l);
         }
-        let d = self
-            .st
-            .router
-            .decide(api, &body, self.session.as_deref(), &loads, now);
+        let mut prompt_bytes = 0u64;
+        let d = if cost_on {
+            match self
+                .st
+                .router
+                .key_with_chain(api, &body, self.session.as_deref())
+            {
+                Ok((key, chain)) => {
+                    let view = SharedLookup::new(&SharedData, cfg.cost.shared);
+                    let d = self.st.router.place_cost(key, &chain, &loads, &view, now);
+                    let (n, first) = view.errors();
+                    if n > 0 {
+                        self.st
+                            .metrics
+                            .inc(self.st.metrics.host_errors, u64::from(n - 1));
+                        self.host_error("reading the shared prefix index", first);
+                    }
+                    prompt_bytes = chain.bytes;
+                    self.chain = chain.hashes;
+                    d
+                }
+                Err(c) => Decision::Fallback(c),
+            }
+        } else {
+            self.st
+                .router
+                .decide(api, &body, self.session.as_deref(), &loads, now)
+        };
         if let Decision::Routed { host: idx, .. } = d {
             let Some(h) = cfg.hosts.get(idx) else {
                 return self.fallback(FallbackCause::HostError);
@@ -131,6 +181,16 @@ impl Http {
             match load::add_inflight(&SharedData, &h.address, 1) {
                 Ok(_) => self.inflight = Some(h.address.clone()),
                 Err(e) => self.host_error("counting in-flight", e),
+            }
+            if tokens_mode {
+                let tokens = (prompt_bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64;
+                let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
+                if tokens > 0 {
+                    match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
+                        Ok(_) => self.pending = Some((h.address.clone(), tokens)),
+                        Err(e) => self.host_error("counting pending prefill tokens", e),
+                    }
+                }
             }
         }
         self.st.metrics.record(&d);
@@ -251,7 +311,63 @@ impl Http {
         }
     }
 
+    /// Cost rule: record this request's chain under the host that served
+    /// it (2xx responses only; at most once).
+    fn observe_index(&mut self) {
+        if self.chain.is_empty() {
+            return;
+        }
+        let chain = std::mem::take(&mut self.chain);
+        let cfg = self.st.router.config();
+        let ok = match host::response_header(":status") {
+            Ok(Some(v)) => v
+                .trim()
+                .parse::<u16>()
+                .is_ok_and(|c| (200..300).contains(&c)),
+            Ok(None) => false,
+            Err(e) => {
+                self.host_error("reading :status", e);
+                false
+            }
+        };
+        if !ok {
+            return;
+        }
+        let served = match host::property_string(&["upstream", "address"]) {
+            Ok(Some(a)) => a,
+            Ok(None) => return,
+            Err(e) => {
+                self.host_error("reading upstream.address", e);
+                return;
+            }
+        };
+        let Some(idx) = cfg.host_index(&served) else {
+            return;
+        };
+        let now = match host::now_ms() {
+            Ok(t) => t,
+            Err(e) => {
+                self.host_error("reading the clock", e);
+                return;
+            }
+        };
+        match cfg.cost.shared.observe(&SharedData, idx, &chain, now) {
+            Ok(n) => self.st.metrics.inc(self.st.metrics.index_observed, n),
+            Err(e) => self.host_error("updating the shared prefix index", e),
+        }
+    }
+
+    fn release_pending(&mut self) {
+        if let Some((addr, tokens)) = self.pending.take() {
+            let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
+            if let Err(e) = shared_index::add_pending_tokens(&SharedData, &addr, -delta) {
+                self.host_error("releasing pending prefill tokens", e);
+            }
+        }
+    }
+
     fn release(&mut self) {
+        self.release_pending();
         if let Some(addr) = self.inflight.take() {
             if let Err(e) = load::add_inflight(&SharedData, &addr, -1) {
                 self.host_error("releasing in-flight", e);
@@ -329,7 +445,9 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.release_pending();
         self.read_report();
+        self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
             if let Err(e) = host::add_response_header(h, &d.describe(self.st.router.config())) {
                 self.host_error("adding the decision header", e);

@@ -15,6 +15,8 @@
 //! | `prefix_router.health.ejections` | hosts ejected by passive health |
 //! | `prefix_router.scrapes` / `prefix_router.scrape_errors` | active `/metrics` scrapes stored / failed |
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
+//! | `prefix_router.index.observed` | `cost.mode = on`: boundary entries written to the shared prefix index |
+//! | `prefix_router.index.footprint_bytes` | `cost.mode = on`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
 use proxy_wasm::hostcalls;
@@ -35,11 +37,17 @@ pub struct Metrics {
     pub ejections: u32,
     pub scrapes: u32,
     pub scrape_errors: u32,
+    pub index_observed: u32,
+    pub index_footprint: u32,
     per_host: Vec<u32>,
 }
 
 fn def(name: &str) -> u32 {
     hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+}
+
+fn def_gauge(name: &str) -> u32 {
+    hostcalls::define_metric(MetricType::Gauge, name).unwrap_or(0)
 }
 
 fn sanitize(s: &str) -> String {
@@ -72,6 +80,16 @@ impl Metrics {
             ejections: def("prefix_router.health.ejections"),
             scrapes: def("prefix_router.scrapes"),
             scrape_errors: def("prefix_router.scrape_errors"),
+            index_observed: if cfg.cost.enabled {
+                def("prefix_router.index.observed")
+            } else {
+                0
+            },
+            index_footprint: if cfg.cost.enabled {
+                def_gauge("prefix_router.index.footprint_bytes")
+            } else {
+                0
+            },
             per_host: cfg
                 .hosts
                 .iter()
@@ -84,6 +102,13 @@ impl Metrics {
     pub fn inc(&self, id: u32, by: u64) {
         if id != 0 && by > 0 {
             let _ = hostcalls::increment_metric(id, by.min(i64::MAX as u64) as i64);
+        }
+    }
+
+    /// Set a gauge, ignoring failures.
+    pub fn set(&self, id: u32, value: u64) {
+        if id != 0 {
+            let _ = hostcalls::record_metric(id, value);
         }
     }
 

@@ -64,15 +64,6 @@ impl RootContext for Root {
             }
         };
         match Config::from_json(&bytes) {
-            Ok(cfg) if cfg.cost.enabled => {
-                // The cost rule needs the learned prefix index, which lives in
-                // the core and the simulator but not yet in shared data here.
-                host::log(
-                    LogLevel::Error,
-                    "prefix-router: invalid prefix-router config: field `cost.mode` = \"on\": not supported by the Envoy filter yet (the cost rule runs in prefix-router-sim only); use \"off\"",
-                );
-                false
-            }
             Ok(cfg) => {
                 host::log(
                     LogLevel::Info,
@@ -88,6 +79,21 @@ impl RootContext for Root {
                     ),
                 );
                 let metrics = Metrics::define(&cfg);
+                if cfg.cost.enabled {
+                    let sh = cfg.cost.shared;
+                    host::log(
+                        LogLevel::Info,
+                        &format!(
+                            "prefix-router: cost rule on ({} candidates, queue {:?}), shared prefix index {} buckets x {} entries (<= {} bytes)",
+                            cfg.cost.params.candidates,
+                            cfg.cost.params.queue,
+                            sh.buckets,
+                            sh.bucket_entries,
+                            sh.footprint_bytes()
+                        ),
+                    );
+                    metrics.set(metrics.index_footprint, sh.footprint_bytes());
+                }
                 if let Some(sc) = &cfg.scrape {
                     // A lease identity unique enough per VM: the clock at configure
                     // time mixed with this root's id.

@@ -1,0 +1,507 @@
+//! The prefix index in process-wide shared data (the Envoy filter's view of
+//! [`crate::index`]), and the pending prefill tokens per host.
+//!
+//! ## Layout
+//! A fixed number of buckets (`cost.index_buckets`, default 4096), each one
+//! shared-data value under the key `prefix_router/idx/<bucket>`. A value is
+//! up to `cost.bucket_entries` (default 8) entries of [`ENTRY_BYTES`] = 18
+//! bytes, little-endian: prefix hash (u64), host index (u16), stamp (u64).
+//! A strided boundary hash goes to bucket `mix(hash) % buckets`. Memory is
+//! therefore bounded by `buckets x bucket_entries x 18` bytes (590 KB with
+//! the defaults), reported by [`SharedIndexConfig::footprint_bytes`],
+//! however many prompts and hosts there are.
+//!
+//! ## Updates
+//! [`SharedIndexConfig::observe`] is called with the host that actually
+//! served a request and the request's strided chain; every touched bucket
+//! is rewritten with a compare-and-swap retry loop (at most
+//! [`crate::load::CAS_RETRIES`] attempts, like [`crate::load::add_inflight`]),
+//! so concurrent workers lose no entries. An existing `(hash, host)` entry
+//! is refreshed; a full bucket evicts its oldest entry. The stamp is
+//! `now_ms << 16` plus a per-observation rank that makes a prompt's deepest
+//! boundary the oldest, so a prompt's tail is evicted before its head (as
+//! in [`crate::index::PrefixIndex`]).
+//!
+//! ## Lookups
+//! [`SharedLookup`] implements [`PrefixLookup`] for the cost rule: it
+//! probes the request's boundaries from the longest down (each bucket read
+//! once per lookup) and stops once every candidate host has a match.
+//! Entries older than `cost.max_age_ms` (if set) are ignored.
+//!
+//! ## Robustness
+//! A value that is not a whole number of entries is decoded up to its last
+//! whole entry (trailing bytes dropped); a bucket holding more than
+//! `bucket_entries` entries (e.g. written by a config with a larger bound)
+//! is trimmed on the next write. Host indices beyond the config's hosts
+//! never match a candidate. Store errors are reported, never panics.
+//!
+//! ## Pending prefill tokens
+//! [`add_pending_tokens`] / [`read_pending_tokens`] keep, per host, the
+//! prompt tokens of requests routed there that have not yet produced a
+//! response (`prefix_router/pending/<address>`, a CAS counter like the
+//! in-flight count). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
+//! for `cost.queue = "tokens"`.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+
+use crate::index::PrefixLookup;
+use crate::load::{SharedStore, StoreError, CAS_RETRIES};
+
+/// Bytes per encoded entry: hash (8) + host (2) + stamp (8).
+pub const ENTRY_BYTES: usize = 18;
+
+/// Shape of the shared index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedIndexConfig {
+    /// Number of buckets (>= 1).
+    pub buckets: u32,
+    /// Entries kept per bucket (>= 1).
+    pub bucket_entries: u32,
+    /// Bytes between recorded boundaries (stride x chunk bytes).
+    pub stride_bytes: u64,
+    /// Entries older than this are ignored by lookups (0: never).
+    pub max_age_ms: u64,
+}
+
+impl Default for SharedIndexConfig {
+    fn default() -> Self {
+        SharedIndexConfig {
+            buckets: 4096,
+            bucket_entries: 8,
+            stride_bytes: 1024,
+            max_age_ms: 0,
+        }
+    }
+}
+
+/// One decoded entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// Strided boundary hash.
+    pub hash: u64,
+    /// Host index (into the config's hosts).
+    pub host: u16,
+    /// `now_ms << 16 | rank` (larger = newer).
+    pub stamp: u64,
+}
+
+/// Decode a bucket value, ignoring trailing garbage.
+pub fn decode(bytes: &[u8]) -> Vec<Entry> {
+    bytes
+        .chunks_exact(ENTRY_BYTES)
+        .filter_map(|c| {
+            Some(Entry {
+                hash: u64::from_le_bytes(c.get(0..8)?.try_into().ok()?),
+                host: u16::from_le_bytes(c.get(8..10)?.try_into().ok()?),
+                stamp: u64::from_le_bytes(c.get(10..18)?.try_into().ok()?),
+            })
+        })
+        .collect()
+}
+
+/// Encode a bucket value.
+pub fn encode(entries: &[Entry]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(entries.len() * ENTRY_BYTES);
+    for e in entries {
+        out.extend_from_slice(&e.hash.to_le_bytes());
+        out.extend_from_slice(&e.host.to_le_bytes());
+        out.extend_from_slice(&e.stamp.to_le_bytes());
+    }
+    out
+}
+
+/// Shared-data key of a bucket.
+pub fn bucket_key(bucket: u32) -> String {
+    format!("prefix_router/idx/{bucket}")
+}
+
+fn stamp(now_ms: u64, rank: usize) -> u64 {
+    let t = now_ms.min((1u64 << 48) - 1);
+    (t << 16) | (rank.min(0xFFFF) as u64)
+}
+
+impl SharedIndexConfig {
+    /// Upper bound of the shared data used, bytes.
+    pub fn footprint_bytes(&self) -> u64 {
+        u64::from(self.buckets.max(1)) * u64::from(self.bucket_entries.max(1)) * ENTRY_BYTES as u64
+    }
+
+    /// Bucket of a boundary hash.
+    pub fn bucket(&self, hash: u64) -> u32 {
+        let mixed = (hash ^ (hash >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        ((mixed >> 32) % u64::from(self.buckets.max(1))) as u32
+    }
+
+    fn stale(&self, e: &Entry, now_ms: u64) -> bool {
+        self.max_age_ms > 0 && now_ms.saturating_sub(e.stamp >> 16) > self.max_age_ms
+    }
+
+    /// `host` served a request whose strided boundary hashes are `hashes`
+    /// (shortest first). Returns the number of entries written; on a store
+    /// error the remaining buckets are still attempted and the first error
+    /// is returned.
+    pub fn observe<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        host: usize,
+        hashes: &[u64],
+        now_ms: u64,
+    ) -> Result<u64, StoreError> {
+        let Ok(h) = u16::try_from(host) else {
+            return Err(StoreError::Other(format!(
+                "host index {host} does not fit the shared index"
+            )));
+        };
+        let k = hashes.len();
+        // Rank: the deepest boundary gets rank 0 (oldest).
+        let mut by_bucket: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
+        for (j, &p) in hashes.iter().enumerate() {
+            by_bucket
+                .entry(self.bucket(p))
+                .or_default()
+                .push((p, stamp(now_ms, k - 1 - j)));
+        }
+        let cap = self.bucket_entries.max(1) as usize;
+        let mut written = 0u64;
+        let mut first_err = None;
+        for (b, items) in by_bucket {
+            match self.update_bucket(store, b, h, &items, cap) {
+                Ok(()) => written += items.len() as u64,
+                Err(e) => {
+                    if first_err.is_none() {
+                        first_err = Some(e);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(written),
+        }
+    }
+
+    fn update_bucket<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        bucket: u32,
+        host: u16,
+        items: &[(u64, u64)],
+        cap: usize,
+    ) -> Result<(), StoreError> {
+        let key = bucket_key(bucket);
+        for _ in 0..CAS_RETRIES {
+            let (v, cas) = store.get(&key)?;
+            let mut entries = decode(v.as_deref().unwrap_or(&[]));
+            for &(p, s) in items {
+                match entries.iter_mut().find(|e| e.hash == p && e.host == host) {
+                    Some(e) => e.stamp = e.stamp.max(s),
+                    None => entries.push(Entry {
+                        hash: p,
+                        host,
+                        stamp: s,
+                    }),
+                }
+            }
+            // Oldest first out; keep the newest `cap`.
+            entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
+            entries.truncate(cap);
+            match store.set(&key, &encode(&entries), cas) {
+                Ok(()) => return Ok(()),
+                Err(StoreError::CasMismatch) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(StoreError::Other(
+            "compare-and-swap retries exhausted".into(),
+        ))
+    }
+
+    /// For each of `hosts`, the longest recorded prefix of this request it
+    /// holds, in bytes. Buckets that cannot be read count as empty; the
+    /// first such error is returned alongside.
+    pub fn lookup<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        hashes: &[u64],
+        hosts: &[usize],
+        now_ms: u64,
+    ) -> (Vec<u64>, Option<StoreError>) {
+        let mut out = vec![0u64; hosts.len()];
+        let mut left = hosts.len();
+        let mut err = None;
+        let mut cache: BTreeMap<u32, Vec<Entry>> = BTreeMap::new();
+        for (j, &p) in hashes.iter().enumerate().rev() {
+            if left == 0 {
+                break;
+            }
+            let b = self.bucket(p);
+            let entries = cache
+                .entry(b)
+                .or_insert_with(|| match store.get(&bucket_key(b)) {
+                    Ok((v, _)) => decode(v.as_deref().unwrap_or(&[])),
+                    Err(e) => {
+                        if err.is_none() {
+                            err = Some(e);
+                        }
+                        Vec::new()
+                    }
+                });
+            for e in entries.iter() {
+                if e.hash != p || self.stale(e, now_ms) {
+                    continue;
+                }
+                for (i, want) in hosts.iter().enumerate() {
+                    if *want == usize::from(e.host) {
+                        if let Some(o) = out.get_mut(i) {
+                            if *o == 0 {
+                                *o = (j as u64 + 1).saturating_mul(self.stride_bytes);
+                                left = left.saturating_sub(1);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        (out, err)
+    }
+}
+
+/// The shared index as a [`PrefixLookup`] for [`crate::cost::place`]:
+/// store errors are counted (the caller reports them after placing).
+pub struct SharedLookup<'a, S: SharedStore + ?Sized> {
+    store: &'a S,
+    cfg: SharedIndexConfig,
+    errors: Cell<u32>,
+    first_error: RefCell<Option<StoreError>>,
+}
+
+impl<'a, S: SharedStore + ?Sized> SharedLookup<'a, S> {
+    /// A lookup view over `store`.
+    pub fn new(store: &'a S, cfg: SharedIndexConfig) -> Self {
+        SharedLookup {
+            store,
+            cfg,
+            errors: Cell::new(0),
+            first_error: RefCell::new(None),
+        }
+    }
+
+    /// Lookups that hit a store error, and the first error.
+    pub fn errors(&self) -> (u32, Option<StoreError>) {
+        (self.errors.get(), self.first_error.borrow().clone())
+    }
+}
+
+impl<S: SharedStore + ?Sized> PrefixLookup for SharedLookup<'_, S> {
+    fn lookup(&self, hashes: &[u64], hosts: &[usize], now_ms: u64) -> Vec<u64> {
+        let (out, err) = self.cfg.lookup(self.store, hashes, hosts, now_ms);
+        if let Some(e) = err {
+            self.errors.set(self.errors.get().saturating_add(1));
+            let mut f = self.first_error.borrow_mut();
+            if f.is_none() {
+                *f = Some(e);
+            }
+        }
+        out
+    }
+}
+
+fn pending_key(address: &str) -> String {
+    format!("prefix_router/pending/{address}")
+}
+
+/// Add `delta` to a host's pending prefill tokens (saturating at 0);
+/// returns the new value.
+pub fn add_pending_tokens<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    crate::load::add_counter(store, &pending_key(address), delta)
+}
+
+/// A host's pending prefill tokens (0 if never set or garbage).
+pub fn read_pending_tokens<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<u64, StoreError> {
+    let (v, _) = store.get(&pending_key(address))?;
+    Ok(crate::load::decode_u64(v.as_deref()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::MemStore;
+
+    fn cfg(buckets: u32, n: u32) -> SharedIndexConfig {
+        SharedIndexConfig {
+            buckets,
+            bucket_entries: n,
+            stride_bytes: 1000,
+            max_age_ms: 0,
+        }
+    }
+
+    #[test]
+    fn observe_then_lookup() {
+        let s = MemStore::default();
+        let c = cfg(4096, 8);
+        let chain: Vec<u64> = (1..=10).map(|i| i * 0x1234_5678_9abc).collect();
+        assert_eq!(c.observe(&s, 2, &chain[..6], 100), Ok(6));
+        assert_eq!(c.observe(&s, 1, &chain[..3], 100), Ok(3));
+        let (m, e) = c.lookup(&s, &chain, &[0, 1, 2], 100);
+        assert!(e.is_none());
+        assert_eq!(m, vec![0, 3000, 6000]);
+        // The trait view agrees.
+        let v = SharedLookup::new(&s, c);
+        assert_eq!(v.lookup(&chain, &[2, 1], 100), vec![6000, 3000]);
+        assert_eq!(v.errors().0, 0);
+        assert_eq!(c.footprint_bytes(), 4096 * 8 * 18);
+    }
+
+    #[test]
+    fn bucket_bound_evicts_oldest_deepest_first() {
+        let s = MemStore::default();
+        let c = cfg(1, 4);
+        let chain: Vec<u64> = (1..=6).collect();
+        c.observe(&s, 0, &chain, 10).unwrap();
+        let (v, _) = s.get(&bucket_key(0)).unwrap();
+        let v = v.unwrap();
+        assert_eq!(v.len(), 4 * ENTRY_BYTES);
+        // The four shallowest survive.
+        let mut kept: Vec<u64> = decode(&v).iter().map(|e| e.hash).collect();
+        kept.sort();
+        assert_eq!(kept, vec![1, 2, 3, 4]);
+        assert_eq!(c.lookup(&s, &chain, &[0], 10).0, vec![4000]);
+        // A newer observation by another host evicts the oldest.
+        c.observe(&s, 1, &[7], 20).unwrap();
+        let (v, _) = s.get(&bucket_key(0)).unwrap();
+        let hashes: Vec<u64> = decode(&v.unwrap()).iter().map(|e| e.hash).collect();
+        assert!(hashes.contains(&7) && !hashes.contains(&4));
+    }
+
+    #[test]
+    fn max_age_and_garbage() {
+        let s = MemStore::default();
+        let c = SharedIndexConfig {
+            max_age_ms: 50,
+            ..cfg(16, 8)
+        };
+        c.observe(&s, 0, &[42], 100).unwrap();
+        assert_eq!(c.lookup(&s, &[42], &[0], 150).0, vec![1000]);
+        assert_eq!(c.lookup(&s, &[42], &[0], 151).0, vec![0]);
+        // Garbage in every bucket: lookups see nothing, writes recover.
+        for b in 0..16 {
+            s.set(&bucket_key(b), b"garbage-that-is-not-18-bytes-x2--", None)
+                .unwrap();
+        }
+        assert_eq!(c.lookup(&s, &[42, 43], &[0, 1], 100).0, vec![0, 0]);
+        c.observe(&s, 3, &[42, 43], 200).unwrap();
+        assert_eq!(c.lookup(&s, &[42, 43], &[3], 200).0, vec![2000]);
+        // Trailing bytes are dropped; overlong buckets trimmed on write.
+        assert!(decode(&[1, 2, 3]).is_empty());
+        let many: Vec<Entry> = (0..20)
+            .map(|i| Entry {
+                hash: 1000 + i,
+                host: 9,
+                stamp: i,
+            })
+            .collect();
+        let b = c.bucket(5);
+        s.set(&bucket_key(b), &encode(&many), None).unwrap();
+        c.observe(&s, 0, &[5], 300).unwrap();
+        let (v, _) = s.get(&bucket_key(b)).unwrap();
+        assert_eq!(decode(&v.unwrap()).len(), 8);
+        // A host index that does not fit is an error, not a panic.
+        assert!(c.observe(&s, 70_000, &[1], 0).is_err());
+    }
+
+    #[test]
+    fn pending_tokens_counter() {
+        let s = MemStore::default();
+        assert_eq!(read_pending_tokens(&s, "a"), Ok(0));
+        assert_eq!(add_pending_tokens(&s, "a", 500), Ok(500));
+        assert_eq!(add_pending_tokens(&s, "a", 250), Ok(750));
+        assert_eq!(add_pending_tokens(&s, "a", -1000), Ok(0));
+        s.set("prefix_router/pending/b", b"xyz", None).unwrap();
+        assert_eq!(read_pending_tokens(&s, "b"), Ok(0));
+    }
+
+    /// A store whose reads fail.
+    struct Broken;
+    impl SharedStore for Broken {
+        fn get(&self, _: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            Err(StoreError::Other("down".into()))
+        }
+        fn set(&self, _: &str, _: &[u8], _: Option<u32>) -> Result<(), StoreError> {
+            Err(StoreError::Other("down".into()))
+        }
+    }
+
+    #[test]
+    fn store_errors_are_reported() {
+        let c = cfg(8, 8);
+        assert!(c.observe(&Broken, 0, &[1, 2], 0).is_err());
+        let (m, e) = c.lookup(&Broken, &[1, 2], &[0], 0);
+        assert_eq!(m, vec![0]);
+        assert!(e.is_some());
+        let v = SharedLookup::new(&Broken, c);
+        assert_eq!(v.lookup(&[1], &[0], 0), vec![0]);
+        assert_eq!(v.errors().0, 1);
+    }
+
+    #[cfg(not(target_family = "wasm"))]
+    #[test]
+    fn concurrent_observers_lose_no_entries() {
+        use std::sync::Arc;
+        let s = Arc::new(MemStore::default());
+        // One bucket with room for everything: nothing may be lost.
+        let c = cfg(1, 256);
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..50u64 {
+                        let p = t * 1000 + i;
+                        while c.observe(&*s, t as usize, &[p], i).is_err() {}
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for t in 0..4u64 {
+            for i in 0..50u64 {
+                let p = t * 1000 + i;
+                assert_eq!(
+                    c.lookup(&*s, &[p], &[t as usize], 0).0,
+                    vec![1000],
+                    "lost {p}"
+                );
+            }
+        }
+        // And with small buckets the bound holds under contention.
+        let s = Arc::new(MemStore::default());
+        let c = cfg(2, 3);
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    for i in 0..100u64 {
+                        while c.observe(&*s, t as usize, &[t * 1000 + i], i).is_err() {}
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        for b in 0..2 {
+            let (v, _) = s.get(&bucket_key(b)).unwrap();
+            assert!(decode(&v.unwrap_or_default()).len() <= 3);
+        }
+    }
+}
