@@ -49,6 +49,9 @@ pub struct Http {
     body_size: usize,
     /// Address whose in-flight count this request holds.
     inflight: Option<String>,
+    /// The configured host that served this request (`upstream.address`),
+    /// once known: read once, used by reports, the index and health.
+    served: Option<(String, usize)>,
     /// Cost rule: the prompt's strided chain, to record under the host
     /// that serves it.
     chain: Vec<u64>,
@@ -67,6 +70,7 @@ impl Http {
             decision: None,
             body_size: 0,
             inflight: None,
+            served: None,
             chain: Vec::new(),
             pending: None,
         }
@@ -205,19 +209,39 @@ impl Http {
         Action::Continue
     }
 
-    fn read_report(&self) {
-        let cfg = self.st.router.config();
-        let served = match host::property_string(&["upstream", "address"]) {
-            Ok(Some(a)) => a,
-            Ok(None) => return,
-            Err(e) => {
-                self.host_error("reading upstream.address", e);
-                return;
+    /// The configured host that served this request, if any (cached once
+    /// found; an unknown upstream is asked again later, e.g. at log time).
+    fn served_host(&mut self) -> Option<(String, usize)> {
+        if self.served.is_none() {
+            match host::property_string(&["upstream", "address"]) {
+                Ok(Some(a)) => {
+                    if let Some(i) = self.st.router.config().host_index(&a) {
+                        self.served = Some((a, i));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => self.host_error("reading upstream.address", e),
             }
-        };
-        if cfg.host_index(&served).is_none() {
-            return;
         }
+        self.served.clone()
+    }
+
+    /// The host clock in ms, or `None` (counted and logged).
+    fn now(&self) -> Option<u64> {
+        match host::now_ms() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                self.host_error("reading the clock", e);
+                None
+            }
+        }
+    }
+
+    fn read_report(&mut self) {
+        let Some((served, _)) = self.served_host() else {
+            return;
+        };
+        let cfg = self.st.router.config();
         let mut queue: Option<f64> = None;
         if cfg.load.orca_format.is_some() {
             if let Ok(Some(v)) = host::response_header(ORCA_HEADER) {
@@ -250,13 +274,7 @@ impl Http {
             }
         }
         let Some(q) = queue else { return };
-        let at_ms = match host::now_ms() {
-            Ok(t) => t,
-            Err(e) => {
-                self.host_error("reading the clock", e);
-                return;
-            }
-        };
+        let Some(at_ms) = self.now() else { return };
         match load::store_report(&SharedData, &served, Report { queue: q, at_ms }) {
             Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
             Err(e) => self.host_error("storing a load report", e),
@@ -267,19 +285,14 @@ impl Http {
     /// 5xx (Envoy answers 503 for connect failures and upstream resets too)
     /// is a failure; a request the client abandoned (no response code) is
     /// not counted.
-    fn record_health(&self) {
-        let cfg = self.st.router.config();
-        if cfg.health.failure_threshold == 0 {
+    fn record_health(&mut self) {
+        if self.st.router.config().health.failure_threshold == 0 {
             return;
         }
-        let served = match host::property_string(&["upstream", "address"]) {
-            Ok(Some(a)) if cfg.host_index(&a).is_some() => a,
-            Ok(_) => return,
-            Err(e) => {
-                self.host_error("reading upstream.address", e);
-                return;
-            }
+        let Some((served, _)) = self.served_host() else {
+            return;
         };
+        let cfg = self.st.router.config();
         let code = match host::property_i64(&["response", "code"]) {
             Ok(Some(c)) if c > 0 => c,
             Ok(_) => return,
@@ -288,13 +301,7 @@ impl Http {
                 return;
             }
         };
-        let now = match host::now_ms() {
-            Ok(t) => t,
-            Err(e) => {
-                self.host_error("reading the clock", e);
-                return;
-            }
-        };
+        let Some(now) = self.now() else { return };
         match health::record(&SharedData, &served, code < 500, now, &cfg.health) {
             Ok(true) => {
                 self.st.metrics.inc(self.st.metrics.ejections, 1);
@@ -318,7 +325,6 @@ impl Http {
             return;
         }
         let chain = std::mem::take(&mut self.chain);
-        let cfg = self.st.router.config();
         let ok = match host::response_header(":status") {
             Ok(Some(v)) => v
                 .trim()
@@ -333,24 +339,11 @@ impl Http {
         if !ok {
             return;
         }
-        let served = match host::property_string(&["upstream", "address"]) {
-            Ok(Some(a)) => a,
-            Ok(None) => return,
-            Err(e) => {
-                self.host_error("reading upstream.address", e);
-                return;
-            }
-        };
-        let Some(idx) = cfg.host_index(&served) else {
+        let Some((_, idx)) = self.served_host() else {
             return;
         };
-        let now = match host::now_ms() {
-            Ok(t) => t,
-            Err(e) => {
-                self.host_error("reading the clock", e);
-                return;
-            }
-        };
+        let Some(now) = self.now() else { return };
+        let cfg = self.st.router.config();
         match cfg.cost.shared.observe(&SharedData, idx, &chain, now) {
             Ok(n) => self.st.metrics.inc(self.st.metrics.index_observed, n),
             Err(e) => self.host_error("updating the shared prefix index", e),
