@@ -48,41 +48,73 @@ impl Backend {
     /// Starts `name` on a free loopback port and waits until `GET /health` answers 200.
     /// Retries on another port if the chosen one was taken in the meantime.
     pub fn start(name: &str, opts: &BackendOptions, dir: &Path) -> Result<Backend> {
-        let bin = paths::backend_bin()?;
         let mut last_err = LabError(String::new());
         for attempt in 0..3 {
-            let port = free_port()?;
-            let mut cmd = Command::new(&bin);
-            cmd.arg("--listen")
-                .arg(format!("127.0.0.1:{port}"))
-                .arg("--name")
-                .arg(name)
-                .arg("--model")
-                .arg(&opts.model)
-                .arg("--max-running")
-                .arg(opts.max_running.to_string())
-                .arg("--cache-tokens")
-                .arg(opts.cache_tokens.to_string())
-                .arg("--prefill-tokens-per-s")
-                .arg(opts.prefill_tokens_per_s.to_string())
-                .arg("--decode-ms-per-token")
-                .arg(opts.decode_ms_per_token.to_string())
-                .arg("--time-scale")
-                .arg(opts.time_scale.to_string());
-            if opts.instant {
-                cmd.arg("--instant");
-            }
-            let log = dir.join(format!("backend-{name}-{attempt}.log"));
-            let child = ChildGuard::spawn(&format!("backend {name}"), cmd, &log)?;
-            let mut b = Backend {
-                name: name.to_string(),
-                port,
-                child,
-                agent: http::agent(Duration::from_secs(10)),
-            };
-            match b.wait_healthy(Duration::from_secs(20)) {
-                Ok(()) => return Ok(b),
+            match Self::start_on(name, opts, dir, free_port()?, attempt) {
+                Ok(b) => return Ok(b),
                 Err(e) => last_err = e,
+            }
+        }
+        Err(last_err)
+    }
+
+    /// Starts `name` on `port` (log `backend-<name>-<attempt>.log`).
+    fn start_on(
+        name: &str,
+        opts: &BackendOptions,
+        dir: &Path,
+        port: u16,
+        attempt: usize,
+    ) -> Result<Backend> {
+        let bin = paths::backend_bin()?;
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--name")
+            .arg(name)
+            .arg("--model")
+            .arg(&opts.model)
+            .arg("--max-running")
+            .arg(opts.max_running.to_string())
+            .arg("--cache-tokens")
+            .arg(opts.cache_tokens.to_string())
+            .arg("--prefill-tokens-per-s")
+            .arg(opts.prefill_tokens_per_s.to_string())
+            .arg("--decode-ms-per-token")
+            .arg(opts.decode_ms_per_token.to_string())
+            .arg("--time-scale")
+            .arg(opts.time_scale.to_string());
+        if opts.instant {
+            cmd.arg("--instant");
+        }
+        let log = dir.join(format!("backend-{name}-{attempt}.log"));
+        let child = ChildGuard::spawn(&format!("backend {name}"), cmd, &log)?;
+        let mut b = Backend {
+            name: name.to_string(),
+            port,
+            child,
+            agent: http::agent(Duration::from_secs(10)),
+        };
+        b.wait_healthy(Duration::from_secs(20))?;
+        Ok(b)
+    }
+
+    /// A replica restart: kill the process and start a fresh one (empty cache, counters
+    /// at zero) on the same port. `generation` names the new log file.
+    pub fn restart(&mut self, opts: &BackendOptions, dir: &Path, generation: usize) -> Result<()> {
+        self.child.kill();
+        let mut last_err = LabError(String::new());
+        // The port may linger for a moment after the kill.
+        for attempt in 0..20 {
+            match Self::start_on(&self.name, opts, dir, self.port, 100 + generation * 20 + attempt) {
+                Ok(b) => {
+                    *self = b;
+                    return Ok(());
+                }
+                Err(e) => {
+                    last_err = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
         }
         Err(last_err)

@@ -34,6 +34,8 @@ impl Default for LabOptions {
 pub struct Lab {
     pub envoy: Option<Envoy>,
     pub backends: Vec<Backend>,
+    backend_opts: BackendOptions,
+    restarts: usize,
     dir: ScratchDir,
 }
 
@@ -51,6 +53,8 @@ impl Lab {
         let mut lab = Lab {
             envoy: None,
             backends,
+            backend_opts: opts.backend.clone(),
+            restarts: 0,
             dir,
         };
         if let Some(e) = &opts.envoy {
@@ -106,6 +110,15 @@ impl Lab {
             .iter_mut()
             .find(|b| b.name == name)
             .ok_or_else(|| LabError(format!("no backend named {name}")))
+    }
+
+    /// Restart backend `name` on the same address with an empty cache (a replica restart).
+    pub fn restart_backend(&mut self, name: &str) -> Result<()> {
+        self.restarts += 1;
+        let generation = self.restarts;
+        let opts = self.backend_opts.clone();
+        let dir = self.dir.path().to_path_buf();
+        self.backend_mut(name)?.restart(&opts, &dir, generation)
     }
 
     pub fn backend_by_address(&self, address: &str) -> Option<&Backend> {

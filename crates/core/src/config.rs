@@ -41,7 +41,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics` |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off) |
 
 use serde::Deserialize;
 use std::fmt;
@@ -399,6 +399,10 @@ pub struct RawScrape {
     /// Metric names summed into the queue depth (overrides the preset).
     #[serde(default)]
     pub queue_metrics: Option<Vec<String>>,
+    /// Counters whose decrease means the replica restarted (first present
+    /// name is used; overrides the preset; `[]` turns detection off).
+    #[serde(default)]
+    pub restart_metrics: Option<Vec<String>>,
 }
 
 /// The filter JSON.
@@ -561,6 +565,9 @@ pub struct ScrapeConfig {
     pub timeout_ms: u64,
     pub path: String,
     pub queue_metrics: Vec<String>,
+    /// Counters whose decrease means a restart (first present is used;
+    /// empty: detection off).
+    pub restart_metrics: Vec<String>,
 }
 
 /// The validated, immutable configuration.
@@ -880,9 +887,18 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "must start with '/'",
         ));
     }
-    let preset: Vec<String> = match sc.preset.as_deref() {
-        None | Some("vllm") => vec!["vllm:num_requests_waiting".into()],
-        Some("sglang") => vec!["sglang:num_queue_reqs".into()],
+    let (preset, restart_preset): (Vec<String>, Vec<String>) = match sc.preset.as_deref() {
+        None | Some("vllm") => (
+            vec!["vllm:num_requests_waiting".into()],
+            vec![
+                "vllm:prefix_cache_queries_total".into(),
+                "vllm:prefix_cache_queries".into(),
+            ],
+        ),
+        Some("sglang") => (
+            vec!["sglang:num_queue_reqs".into()],
+            vec!["sglang:prompt_tokens_total".into()],
+        ),
         Some(other) => {
             return Err(err(
                 "scrape.preset",
@@ -903,12 +919,24 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "name at least one metric, without labels",
         ));
     }
+    let restart_metrics = sc.restart_metrics.clone().unwrap_or(restart_preset);
+    if restart_metrics
+        .iter()
+        .any(|m| m.is_empty() || m.contains([' ', '{']))
+    {
+        return Err(err(
+            "scrape.restart_metrics",
+            format!("{restart_metrics:?}"),
+            "metric names without labels ([] turns restart detection off)",
+        ));
+    }
     Ok(ScrapeConfig {
         cluster: sc.cluster.clone(),
         interval_ms: sc.interval_ms,
         timeout_ms: sc.timeout_ms,
         path: sc.path.clone(),
         queue_metrics,
+        restart_metrics,
     })
 }
 

@@ -33,6 +33,19 @@ pub const SESSION_SEED: u64 = 0x7072_6678_7365_7373; // "prfxsess"
 pub const RING_SEED: u64 = 0x7072_6678_7269_6e67; // "prfxring"
 /// Seed for the stable marker hash of non-text content parts.
 pub const PART_SEED: u64 = 0x7072_6678_7061_7274; // "prfxpart"
+/// Seed for the fingerprint of the configured host list (the shared prefix
+/// index names hosts by index): `xxh3_64(addr_0 ++ "\n" ++ addr_1 ..., HOSTS_SEED)`.
+pub const HOSTS_SEED: u64 = 0x7072_6678_686f_7374; // "prfxhost"
+
+/// Fingerprint of an ordered host list.
+pub fn hosts_fingerprint<'a>(addresses: impl IntoIterator<Item = &'a str>) -> u64 {
+    let mut joined = Vec::new();
+    for a in addresses {
+        joined.extend_from_slice(a.as_bytes());
+        joined.push(b'\n');
+    }
+    hash(&joined, HOSTS_SEED)
+}
 
 /// xxh3-64 of `bytes` with `seed`.
 #[inline]

@@ -122,6 +122,9 @@ pub enum Decision {
         skipped: u32,
         /// The key.
         key: Key,
+        /// Cost rule only: prefix bytes the prefix index believed the
+        /// chosen host holds (`None` when the plain ring decided).
+        cached: Option<u64>,
     },
     /// Leave it to Envoy's load balancing.
     Fallback(FallbackCause),
@@ -142,7 +145,12 @@ impl Decision {
     pub fn describe(&self, cfg: &Config) -> String {
         let mut s = String::with_capacity(96);
         match self {
-            Decision::Routed { host, skipped, key } => {
+            Decision::Routed {
+                host,
+                skipped,
+                key,
+                cached,
+            } => {
                 let addr = cfg
                     .hosts
                     .get(*host)
@@ -158,6 +166,9 @@ impl Decision {
                     key.hash,
                     key.bytes_hashed
                 );
+                if let Some(c) = cached {
+                    let _ = write!(s, ";cached={c}");
+                }
             }
             Decision::Fallback(c) => {
                 let _ = write!(s, "outcome=fallback;cause={}", c.as_str());
@@ -403,6 +414,7 @@ impl Router {
                 host: p.host,
                 skipped: p.rank,
                 key,
+                cached: Some(p.cached_bytes),
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -434,6 +446,7 @@ impl Router {
                 host: p.host,
                 skipped: p.skipped,
                 key,
+                cached: None,
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -625,6 +638,7 @@ mod tests {
             host: owner,
             skipped: 0,
             key,
+            ..
         } = d
         else {
             panic!("{d:?}")
@@ -772,10 +786,26 @@ mod tests {
                 source: KeySource::Prompt,
                 bytes_hashed: 12,
             },
+            cached: None,
         };
         assert_eq!(
             d.describe(r.config()),
             "outcome=hit;host=127.0.0.1:18002;source=prompt;skipped=0;key=00000000000000ab;bytes=12"
+        );
+        let d = match d {
+            Decision::Routed {
+                host, skipped, key, ..
+            } => Decision::Routed {
+                host,
+                skipped: 1,
+                key,
+                cached: Some(4096),
+            },
+            other => other,
+        };
+        assert_eq!(
+            d.describe(r.config()),
+            "outcome=spill;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096"
         );
     }
 }

@@ -7,6 +7,18 @@
 //! Presets: vLLM `vllm:num_requests_waiting` (+ optionally
 //! `vllm:num_requests_running`), SGLang `sglang:num_queue_reqs`
 //! (+ `sglang:num_running_reqs`). O(size of the text).
+//!
+//! ## Restart detection
+//! The scrape also reads a counter that only a restart (or a cache reset)
+//! makes go down (`scrape.restart_metrics`; vLLM preset
+//! `vllm:prefix_cache_queries_total`, SGLang preset
+//! `sglang:prompt_tokens_total`). [`counter_reset`] keeps the last value per
+//! host in shared data and reports a decrease, which makes the filter
+//! forget the host's prefix-index entries: its KV cache is gone. A cache
+//! flush that leaves the counters alone (vLLM's `/reset_prefix_cache`) is
+//! not visible this way.
+
+use crate::load::{SharedStore, StoreError};
 
 /// Sum of the samples of `names` in a Prometheus text exposition; `None` if
 /// none of them is present. Comment lines, other metrics and malformed lines
@@ -43,9 +55,61 @@ pub fn queue_depth(text: &str, names: &[String]) -> Result<Option<f64>, String> 
     Ok(any.then_some(sum))
 }
 
+/// The value of the first of `names` present in the text (its samples
+/// summed over label sets), `None` if none is.
+pub fn first_counter(text: &str, names: &[String]) -> Result<Option<f64>, String> {
+    for n in names {
+        if let Some(v) = queue_depth(text, std::slice::from_ref(n))? {
+            return Ok(Some(v));
+        }
+    }
+    Ok(None)
+}
+
+fn counter_key(address: &str) -> String {
+    format!("prefix_router/scrape/counter/{address}")
+}
+
+/// Record a host's restart counter; `Ok(true)` if it went down since the
+/// last scrape (the replica restarted or reset its cache). The first value
+/// seen is only recorded. Written only by the scraping VM (the lease
+/// holder), so a plain write suffices.
+pub fn counter_reset<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    value: f64,
+) -> Result<bool, StoreError> {
+    let key = counter_key(address);
+    let (v, _) = store.get(&key)?;
+    let prev = v
+        .as_deref()
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(f64::from_le_bytes)
+        .filter(|x| x.is_finite());
+    store.set(&key, &value.to_le_bytes(), None)?;
+    Ok(prev.is_some_and(|p| value < p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::MemStore;
+
+    #[test]
+    fn restart_counter_going_down_is_a_reset() {
+        let s = MemStore::default();
+        let names = n(&["vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"]);
+        let t1 = "vllm:prefix_cache_queries{model_name=\"m\"} 900\nvllm:prefix_cache_queries_total{model_name=\"m\"} 1000\n";
+        assert_eq!(first_counter(t1, &names), Ok(Some(1000.0)));
+        assert_eq!(first_counter("vllm:prefix_cache_queries 7\n", &names), Ok(Some(7.0)));
+        assert_eq!(first_counter("other 1\n", &names), Ok(None));
+        assert_eq!(counter_reset(&s, "a", 1000.0), Ok(false)); // first sight
+        assert_eq!(counter_reset(&s, "a", 1500.0), Ok(false));
+        assert_eq!(counter_reset(&s, "a", 1500.0), Ok(false));
+        assert_eq!(counter_reset(&s, "b", 10.0), Ok(false)); // per host
+        assert_eq!(counter_reset(&s, "a", 20.0), Ok(true)); // restarted
+        assert_eq!(counter_reset(&s, "a", 40.0), Ok(false));
+    }
 
     fn n(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()

@@ -28,6 +28,17 @@
 //! once per lookup) and stops once every candidate host has a match.
 //! Entries older than `cost.max_age_ms` (if set) are ignored.
 //!
+//! ## Forgetting
+//! A replica that restarts (or is ejected, or is removed from the config)
+//! no longer holds what the index says. Instead of scanning every bucket,
+//! one shared-data value [`FORGET_KEY`] keeps a cutoff time per host index
+//! (`u64` ms, little-endian, one per host): entries of host `h` stamped
+//! before `cutoff[h]` are ignored by lookups and dropped by the next write
+//! of their bucket. [`forget_hosts`] raises cutoffs (O(1) per host, one CAS
+//! loop); [`reconcile_hosts`] forgets every host when the configured host
+//! list differs from the one the index was built with (entries name hosts
+//! by index). Each lookup and each observation reads the cutoffs once.
+//!
 //! ## Robustness
 //! A value that is not a whole number of entries is decoded up to its last
 //! whole entry (trailing bytes dropped); a bucket holding more than
@@ -50,6 +61,104 @@ use crate::load::{SharedStore, StoreError, CAS_RETRIES};
 
 /// Bytes per encoded entry: hash (8) + host (2) + stamp (8).
 pub const ENTRY_BYTES: usize = 18;
+
+/// Shared-data key of the per-host forget cutoffs.
+pub const FORGET_KEY: &str = "prefix_router/idx/forget";
+/// Shared-data key of the fingerprint of the host list the index was built
+/// with.
+pub const HOSTS_KEY: &str = "prefix_router/idx/hosts";
+
+/// Decode the forget cutoffs (trailing bytes ignored).
+pub fn decode_cutoffs(v: Option<&[u8]>) -> Vec<u64> {
+    v.unwrap_or(&[])
+        .chunks_exact(8)
+        .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+        .collect()
+}
+
+/// The forget cutoffs, indexed by host (missing hosts: 0).
+pub fn read_cutoffs<S: SharedStore + ?Sized>(store: &S) -> Result<Vec<u64>, StoreError> {
+    let (v, _) = store.get(FORGET_KEY)?;
+    Ok(decode_cutoffs(v.as_deref()))
+}
+
+/// Forget what the index knows about `hosts` (indices) as of `now_ms`:
+/// their entries stamped earlier stop counting. One CAS loop.
+pub fn forget_hosts<S: SharedStore + ?Sized>(
+    store: &S,
+    hosts: &[usize],
+    now_ms: u64,
+) -> Result<(), StoreError> {
+    let cutoff = now_ms.min((1u64 << 48) - 1);
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(FORGET_KEY)?;
+        let mut cut = decode_cutoffs(v.as_deref());
+        for &h in hosts {
+            if h > usize::from(u16::MAX) {
+                continue;
+            }
+            if cut.len() <= h {
+                cut.resize(h + 1, 0);
+            }
+            if let Some(c) = cut.get_mut(h) {
+                *c = (*c).max(cutoff);
+            }
+        }
+        let bytes: Vec<u8> = cut.iter().flat_map(|c| c.to_le_bytes()).collect();
+        match store.set(FORGET_KEY, &bytes, cas) {
+            Ok(()) => return Ok(()),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Other(
+        "compare-and-swap retries exhausted".into(),
+    ))
+}
+
+/// Make the index agree with the configured host list, identified by
+/// `fingerprint` (e.g. a hash of the ordered addresses): if the index was
+/// built with another list, forget all `n_hosts` (and any beyond) and
+/// record the new fingerprint. Returns whether it forgot. A process's first
+/// configuration finds no fingerprint and forgets nothing.
+pub fn reconcile_hosts<S: SharedStore + ?Sized>(
+    store: &S,
+    fingerprint: u64,
+    n_hosts: usize,
+    now_ms: u64,
+) -> Result<bool, StoreError> {
+    let (v, cas) = store.get(HOSTS_KEY)?;
+    let stored = v
+        .as_deref()
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes);
+    if stored == Some(fingerprint) {
+        return Ok(false);
+    }
+    match store.set(HOSTS_KEY, &fingerprint.to_le_bytes(), cas) {
+        Ok(()) => {}
+        // Another VM of this process got there first with the same config.
+        Err(StoreError::CasMismatch) => return Ok(false),
+        Err(e) => return Err(e),
+    }
+    if stored.is_none() {
+        return Ok(false);
+    }
+    let old = read_cutoffs(store)?.len();
+    let all: Vec<usize> = (0..n_hosts.max(old).min(usize::from(u16::MAX) + 1)).collect();
+    forget_hosts(store, &all, now_ms)?;
+    Ok(true)
+}
+
+/// Result of [`SharedIndexConfig::observe`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Observed {
+    /// Entries written or refreshed.
+    pub entries: u64,
+    /// Change of the bytes stored in the touched buckets (eviction of
+    /// forgotten entries can make it negative).
+    pub bytes_delta: i64,
+}
 
 /// Shape of the shared index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,21 +246,40 @@ impl SharedIndexConfig {
         self.max_age_ms > 0 && now_ms.saturating_sub(e.stamp >> 16) > self.max_age_ms
     }
 
+    /// Whether `e` predates its host's forget cutoff.
+    fn forgotten(e: &Entry, cutoffs: &[u64]) -> bool {
+        cutoffs
+            .get(usize::from(e.host))
+            .is_some_and(|&c| (e.stamp >> 16) < c)
+    }
+
     /// `host` served a request whose strided boundary hashes are `hashes`
-    /// (shortest first). Returns the number of entries written; on a store
-    /// error the remaining buckets are still attempted and the first error
-    /// is returned.
+    /// (shortest first). Returns what was written; on store errors the
+    /// remaining buckets are still attempted and the first error is
+    /// returned alongside (the counts cover the buckets that were written).
     pub fn observe<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         host: usize,
         hashes: &[u64],
         now_ms: u64,
-    ) -> Result<u64, StoreError> {
+    ) -> (Observed, Option<StoreError>) {
+        let mut out = Observed::default();
         let Ok(h) = u16::try_from(host) else {
-            return Err(StoreError::Other(format!(
-                "host index {host} does not fit the shared index"
-            )));
+            return (
+                out,
+                Some(StoreError::Other(format!(
+                    "host index {host} does not fit the shared index"
+                ))),
+            );
+        };
+        let mut first_err = None;
+        let cutoffs = match read_cutoffs(store) {
+            Ok(c) => c,
+            Err(e) => {
+                first_err = Some(e);
+                Vec::new()
+            }
         };
         let k = hashes.len();
         // Rank: the deepest boundary gets rank 0 (oldest).
@@ -163,11 +291,12 @@ impl SharedIndexConfig {
                 .push((p, stamp(now_ms, k - 1 - j)));
         }
         let cap = self.bucket_entries.max(1) as usize;
-        let mut written = 0u64;
-        let mut first_err = None;
         for (b, items) in by_bucket {
-            match self.update_bucket(store, b, h, &items, cap) {
-                Ok(()) => written += items.len() as u64,
+            match self.update_bucket(store, b, h, &items, cap, &cutoffs) {
+                Ok(delta) => {
+                    out.entries += items.len() as u64;
+                    out.bytes_delta += delta;
+                }
                 Err(e) => {
                     if first_err.is_none() {
                         first_err = Some(e);
@@ -175,12 +304,10 @@ impl SharedIndexConfig {
                 }
             }
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(written),
-        }
+        (out, first_err)
     }
 
+    /// Rewrite one bucket; returns the change in its size, bytes.
     fn update_bucket<S: SharedStore + ?Sized>(
         &self,
         store: &S,
@@ -188,11 +315,14 @@ impl SharedIndexConfig {
         host: u16,
         items: &[(u64, u64)],
         cap: usize,
-    ) -> Result<(), StoreError> {
+        cutoffs: &[u64],
+    ) -> Result<i64, StoreError> {
         let key = bucket_key(bucket);
         for _ in 0..CAS_RETRIES {
             let (v, cas) = store.get(&key)?;
+            let before = v.as_ref().map_or(0, |b| b.len());
             let mut entries = decode(v.as_deref().unwrap_or(&[]));
+            entries.retain(|e| !Self::forgotten(e, cutoffs));
             for &(p, s) in items {
                 match entries.iter_mut().find(|e| e.hash == p && e.host == host) {
                     Some(e) => e.stamp = e.stamp.max(s),
@@ -206,8 +336,12 @@ impl SharedIndexConfig {
             // Oldest first out; keep the newest `cap`.
             entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
             entries.truncate(cap);
-            match store.set(&key, &encode(&entries), cas) {
-                Ok(()) => return Ok(()),
+            let bytes = encode(&entries);
+            match store.set(&key, &bytes, cas) {
+                Ok(()) => {
+                    return Ok(i64::try_from(bytes.len()).unwrap_or(i64::MAX)
+                        - i64::try_from(before).unwrap_or(i64::MAX))
+                }
                 Err(StoreError::CasMismatch) => continue,
                 Err(e) => return Err(e),
             }
@@ -230,6 +364,13 @@ impl SharedIndexConfig {
         let mut out = vec![0u64; hosts.len()];
         let mut left = hosts.len();
         let mut err = None;
+        let cutoffs = match read_cutoffs(store) {
+            Ok(c) => c,
+            Err(e) => {
+                err = Some(e);
+                Vec::new()
+            }
+        };
         let mut cache: BTreeMap<u32, Vec<Entry>> = BTreeMap::new();
         for (j, &p) in hashes.iter().enumerate().rev() {
             if left == 0 {
@@ -248,7 +389,7 @@ impl SharedIndexConfig {
                     }
                 });
             for e in entries.iter() {
-                if e.hash != p || self.stale(e, now_ms) {
+                if e.hash != p || self.stale(e, now_ms) || Self::forgotten(e, &cutoffs) {
                     continue;
                 }
                 for (i, want) in hosts.iter().enumerate() {
@@ -335,6 +476,66 @@ mod tests {
     use super::*;
     use crate::load::MemStore;
 
+    /// `observe` as a `Result` of the entries written.
+    fn obs<S: SharedStore + ?Sized>(
+        c: &SharedIndexConfig,
+        s: &S,
+        host: usize,
+        hashes: &[u64],
+        now: u64,
+    ) -> Result<u64, StoreError> {
+        match c.observe(s, host, hashes, now) {
+            (_, Some(e)) => Err(e),
+            (o, None) => Ok(o.entries),
+        }
+    }
+
+    #[test]
+    fn forgetting_a_host_hides_and_then_drops_its_entries() {
+        let s = MemStore::default();
+        let c = cfg(1, 8);
+        let (o, e) = c.observe(&s, 0, &[1, 2, 3], 100);
+        assert!(e.is_none());
+        assert_eq!(o.entries, 3);
+        assert_eq!(o.bytes_delta, 3 * ENTRY_BYTES as i64);
+        obs(&c, &s, 1, &[1, 2], 100).unwrap();
+        assert_eq!(c.lookup(&s, &[1, 2, 3], &[0, 1], 100).0, vec![3000, 2000]);
+        // Host 0 restarts at t=200: its entries stop counting, host 1's stay.
+        forget_hosts(&s, &[0], 200).unwrap();
+        assert_eq!(read_cutoffs(&s).unwrap(), vec![200]);
+        assert_eq!(c.lookup(&s, &[1, 2, 3], &[0, 1], 200).0, vec![0, 2000]);
+        // The next write of the bucket drops them (negative size change)...
+        let (o, _) = c.observe(&s, 1, &[9], 201);
+        assert_eq!(o.bytes_delta, (1 - 3) * ENTRY_BYTES as i64);
+        // ... and what host 0 serves after the restart counts again.
+        obs(&c, &s, 0, &[1], 202).unwrap();
+        assert_eq!(c.lookup(&s, &[1, 2, 3], &[0, 1], 202).0, vec![1000, 2000]);
+        // Cutoffs never move back; unknown hosts are padded.
+        forget_hosts(&s, &[0], 150).unwrap();
+        forget_hosts(&s, &[3], 300).unwrap();
+        assert_eq!(read_cutoffs(&s).unwrap(), vec![200, 0, 0, 300]);
+    }
+
+    #[test]
+    fn a_changed_host_list_forgets_everything() {
+        let s = MemStore::default();
+        let c = cfg(4, 8);
+        // First configuration: nothing to forget.
+        assert_eq!(reconcile_hosts(&s, 0xAAAA, 2, 10), Ok(false));
+        obs(&c, &s, 0, &[1], 10).unwrap();
+        obs(&c, &s, 1, &[2], 10).unwrap();
+        // Same list again (another VM, or a reload): nothing forgotten.
+        assert_eq!(reconcile_hosts(&s, 0xAAAA, 2, 20), Ok(false));
+        assert_eq!(c.lookup(&s, &[1], &[0], 20).0, vec![1000]);
+        // Another list: host indices may now name other replicas.
+        assert_eq!(reconcile_hosts(&s, 0xBBBB, 3, 30), Ok(true));
+        assert_eq!(c.lookup(&s, &[1], &[0], 30).0, vec![0]);
+        assert_eq!(c.lookup(&s, &[2], &[1], 30).0, vec![0]);
+        assert_eq!(read_cutoffs(&s).unwrap(), vec![30, 30, 30]);
+        // Garbage cutoffs read as none.
+        assert!(decode_cutoffs(Some(&[1, 2, 3])).is_empty());
+    }
+
     fn cfg(buckets: u32, n: u32) -> SharedIndexConfig {
         SharedIndexConfig {
             buckets,
@@ -349,8 +550,8 @@ mod tests {
         let s = MemStore::default();
         let c = cfg(4096, 8);
         let chain: Vec<u64> = (1..=10).map(|i| i * 0x1234_5678_9abc).collect();
-        assert_eq!(c.observe(&s, 2, &chain[..6], 100), Ok(6));
-        assert_eq!(c.observe(&s, 1, &chain[..3], 100), Ok(3));
+        assert_eq!(obs(&c, &s, 2, &chain[..6], 100), Ok(6));
+        assert_eq!(obs(&c, &s, 1, &chain[..3], 100), Ok(3));
         let (m, e) = c.lookup(&s, &chain, &[0, 1, 2], 100);
         assert!(e.is_none());
         assert_eq!(m, vec![0, 3000, 6000]);
@@ -366,7 +567,7 @@ mod tests {
         let s = MemStore::default();
         let c = cfg(1, 4);
         let chain: Vec<u64> = (1..=6).collect();
-        c.observe(&s, 0, &chain, 10).unwrap();
+        obs(&c, &s, 0, &chain, 10).unwrap();
         let (v, _) = s.get(&bucket_key(0)).unwrap();
         let v = v.unwrap();
         assert_eq!(v.len(), 4 * ENTRY_BYTES);
@@ -376,7 +577,7 @@ mod tests {
         assert_eq!(kept, vec![1, 2, 3, 4]);
         assert_eq!(c.lookup(&s, &chain, &[0], 10).0, vec![4000]);
         // A newer observation by another host evicts the oldest.
-        c.observe(&s, 1, &[7], 20).unwrap();
+        obs(&c, &s, 1, &[7], 20).unwrap();
         let (v, _) = s.get(&bucket_key(0)).unwrap();
         let hashes: Vec<u64> = decode(&v.unwrap()).iter().map(|e| e.hash).collect();
         assert!(hashes.contains(&7) && !hashes.contains(&4));
@@ -389,7 +590,7 @@ mod tests {
             max_age_ms: 50,
             ..cfg(16, 8)
         };
-        c.observe(&s, 0, &[42], 100).unwrap();
+        obs(&c, &s, 0, &[42], 100).unwrap();
         assert_eq!(c.lookup(&s, &[42], &[0], 150).0, vec![1000]);
         assert_eq!(c.lookup(&s, &[42], &[0], 151).0, vec![0]);
         // Garbage in every bucket: lookups see nothing, writes recover.
@@ -398,7 +599,7 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(c.lookup(&s, &[42, 43], &[0, 1], 100).0, vec![0, 0]);
-        c.observe(&s, 3, &[42, 43], 200).unwrap();
+        obs(&c, &s, 3, &[42, 43], 200).unwrap();
         assert_eq!(c.lookup(&s, &[42, 43], &[3], 200).0, vec![2000]);
         // Trailing bytes are dropped; overlong buckets trimmed on write.
         assert!(decode(&[1, 2, 3]).is_empty());
@@ -411,11 +612,11 @@ mod tests {
             .collect();
         let b = c.bucket(5);
         s.set(&bucket_key(b), &encode(&many), None).unwrap();
-        c.observe(&s, 0, &[5], 300).unwrap();
+        obs(&c, &s, 0, &[5], 300).unwrap();
         let (v, _) = s.get(&bucket_key(b)).unwrap();
         assert_eq!(decode(&v.unwrap()).len(), 8);
         // A host index that does not fit is an error, not a panic.
-        assert!(c.observe(&s, 70_000, &[1], 0).is_err());
+        assert!(obs(&c, &s, 70_000, &[1], 0).is_err());
     }
 
     #[test]
@@ -443,7 +644,7 @@ mod tests {
     #[test]
     fn store_errors_are_reported() {
         let c = cfg(8, 8);
-        assert!(c.observe(&Broken, 0, &[1, 2], 0).is_err());
+        assert!(obs(&c, &Broken, 0, &[1, 2], 0).is_err());
         let (m, e) = c.lookup(&Broken, &[1, 2], &[0], 0);
         assert_eq!(m, vec![0]);
         assert!(e.is_some());
@@ -465,7 +666,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..50u64 {
                         let p = t * 1000 + i;
-                        while c.observe(&*s, t as usize, &[p], i).is_err() {}
+                        while obs(&c, &*s, t as usize, &[p], i).is_err() {}
                     }
                 })
             })
@@ -491,7 +692,7 @@ mod tests {
                 let s = s.clone();
                 std::thread::spawn(move || {
                     for i in 0..100u64 {
-                        while c.observe(&*s, t as usize, &[t * 1000 + i], i).is_err() {}
+                        while obs(&c, &*s, t as usize, &[t * 1000 + i], i).is_err() {}
                     }
                 })
             })

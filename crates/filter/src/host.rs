@@ -85,3 +85,15 @@ impl SharedStore for SharedData {
         }
     }
 }
+
+/// Bytes of this VM's linear memory (0 off wasm32, e.g. in native tests).
+pub fn linear_memory_bytes() -> u64 {
+    #[cfg(target_arch = "wasm32")]
+    {
+        (core::arch::wasm32::memory_size(0) as u64).saturating_mul(65536)
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        0
+    }
+}

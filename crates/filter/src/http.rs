@@ -19,6 +19,7 @@
 //! added to the chosen host's); step 3 records the chain under the host that
 //! actually served (2xx only) and releases the pending tokens (also
 //! released at log / done if no response headers came, exactly once).
+//! A host that passive health ejects has its index entries forgotten.
 
 use std::rc::Rc;
 
@@ -289,7 +290,7 @@ impl Http {
         if self.st.router.config().health.failure_threshold == 0 {
             return;
         }
-        let Some((served, _)) = self.served_host() else {
+        let Some((served, idx)) = self.served_host() else {
             return;
         };
         let cfg = self.st.router.config();
@@ -312,6 +313,14 @@ impl Http {
                         cfg.health.cooldown_ms, cfg.health.failure_threshold
                     ),
                 );
+                // Whatever it held is presumed gone (a crash or restart):
+                // forget its prefix-index entries.
+                if cfg.cost.enabled {
+                    match shared_index::forget_hosts(&SharedData, &[idx], now) {
+                        Ok(()) => self.st.metrics.inc(self.st.metrics.forget_ejected, 1),
+                        Err(e) => self.host_error("forgetting an ejected host's index entries", e),
+                    }
+                }
             }
             Ok(false) => {}
             Err(e) => self.host_error("recording health", e),
@@ -344,9 +353,15 @@ impl Http {
         };
         let Some(now) = self.now() else { return };
         let cfg = self.st.router.config();
-        match cfg.cost.shared.observe(&SharedData, idx, &chain, now) {
-            Ok(n) => self.st.metrics.inc(self.st.metrics.index_observed, n),
-            Err(e) => self.host_error("updating the shared prefix index", e),
+        let (done, err) = cfg.cost.shared.observe(&SharedData, idx, &chain, now);
+        self.st
+            .metrics
+            .inc(self.st.metrics.index_observed, done.entries);
+        self.st
+            .metrics
+            .add(self.st.metrics.index_used, done.bytes_delta);
+        if let Some(e) = err {
+            self.host_error("updating the shared prefix index", e);
         }
     }
 
@@ -372,6 +387,7 @@ impl Http {
 impl Context for Http {
     fn on_done(&mut self) -> bool {
         self.release();
+        self.st.report_memory();
         true
     }
 }

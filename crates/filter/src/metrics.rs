@@ -17,6 +17,9 @@
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
 //! | `prefix_router.index.observed` | `cost.mode = on`: boundary entries written to the shared prefix index |
 //! | `prefix_router.index.footprint_bytes` | `cost.mode = on`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
+//! | `prefix_router.index.used_bytes` | `cost.mode = on`: gauge, bytes the shared index holds now (sum of every VM's changes; this process's lifetime) |
+//! | `prefix_router.index.forget.{restart,ejected,hosts_changed}` | `cost.mode = on`: times a host's index entries were dropped: the scrape saw its restart counter go down, passive health ejected it, the host list changed |
+//! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
 use proxy_wasm::hostcalls;
@@ -39,6 +42,11 @@ pub struct Metrics {
     pub scrape_errors: u32,
     pub index_observed: u32,
     pub index_footprint: u32,
+    pub index_used: u32,
+    pub forget_restart: u32,
+    pub forget_ejected: u32,
+    pub forget_hosts: u32,
+    pub vm_memory: u32,
     per_host: Vec<u32>,
 }
 
@@ -90,6 +98,27 @@ impl Metrics {
             } else {
                 0
             },
+            index_used: if cfg.cost.enabled {
+                def_gauge("prefix_router.index.used_bytes")
+            } else {
+                0
+            },
+            forget_restart: if cfg.cost.enabled {
+                def("prefix_router.index.forget.restart")
+            } else {
+                0
+            },
+            forget_ejected: if cfg.cost.enabled {
+                def("prefix_router.index.forget.ejected")
+            } else {
+                0
+            },
+            forget_hosts: if cfg.cost.enabled {
+                def("prefix_router.index.forget.hosts_changed")
+            } else {
+                0
+            },
+            vm_memory: def_gauge("prefix_router.vm.memory_bytes"),
             per_host: cfg
                 .hosts
                 .iter()
@@ -105,6 +134,13 @@ impl Metrics {
         }
     }
 
+    /// Add a signed change to a gauge, ignoring failures.
+    pub fn add(&self, id: u32, delta: i64) {
+        if id != 0 && delta != 0 {
+            let _ = hostcalls::increment_metric(id, delta);
+        }
+    }
+
     /// Set a gauge, ignoring failures.
     pub fn set(&self, id: u32, value: u64) {
         if id != 0 {
@@ -115,7 +151,9 @@ impl Metrics {
     /// Count a decision.
     pub fn record(&self, d: &Decision) {
         match d {
-            Decision::Routed { host, skipped, key } => {
+            Decision::Routed {
+                host, skipped, key, ..
+            } => {
                 if *skipped == 0 {
                     self.inc(self.hit, 1);
                 } else {

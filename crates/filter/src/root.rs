@@ -6,7 +6,9 @@ use prefix_router_core::{Config, Router};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{ContextType, LogLevel};
 
-use crate::host;
+use prefix_router_core::shared_index;
+
+use crate::host::{self, SharedData};
 use crate::http::Http;
 use crate::metrics::Metrics;
 use crate::scrape::Scraper;
@@ -24,6 +26,22 @@ pub struct Root {
 pub struct State {
     pub router: Router,
     pub metrics: Metrics,
+    /// This VM's linear memory as last added to `prefix_router.vm.memory_bytes`.
+    pub memory_reported: std::cell::Cell<u64>,
+}
+
+impl State {
+    /// Bring this VM's share of the memory gauge up to date (the gauge sums
+    /// every VM's changes).
+    pub fn report_memory(&self) {
+        let now = host::linear_memory_bytes();
+        let last = self.memory_reported.replace(now);
+        if now != last {
+            let delta = i64::try_from(now).unwrap_or(i64::MAX)
+                - i64::try_from(last).unwrap_or(i64::MAX);
+            self.metrics.add(self.metrics.vm_memory, delta);
+        }
+    }
 }
 
 impl Root {
@@ -46,7 +64,8 @@ impl Context for Root {
     ) {
         let Some(st) = self.state.clone() else { return };
         if let Some(sc) = &st.router.config().scrape {
-            self.scraper.response(token, body_size, sc, &st.metrics);
+            self.scraper
+                .response(token, body_size, st.router.config(), sc, &st.metrics);
         }
     }
 }
@@ -93,6 +112,26 @@ impl RootContext for Root {
                         ),
                     );
                     metrics.set(metrics.index_footprint, sh.footprint_bytes());
+                    // Entries name hosts by index: a different host list
+                    // makes every entry meaningless.
+                    let fp = prefix_router_core::hash::hosts_fingerprint(
+                        cfg.hosts.iter().map(|h| h.address.as_str()),
+                    );
+                    let now = host::now_ms().unwrap_or(0);
+                    match shared_index::reconcile_hosts(&SharedData, fp, cfg.hosts.len(), now) {
+                        Ok(true) => {
+                            metrics.inc(metrics.forget_hosts, 1);
+                            host::log(
+                                LogLevel::Info,
+                                "prefix-router: the host list changed: the shared prefix index forgot every host",
+                            );
+                        }
+                        Ok(false) => {}
+                        Err(e) => host::log(
+                            LogLevel::Warn,
+                            &format!("prefix-router: checking the index's host list: {e:?}"),
+                        ),
+                    }
                 }
                 if let Some(sc) = &cfg.scrape {
                     // A lease identity unique enough per VM: the clock at configure
@@ -114,10 +153,19 @@ impl RootContext for Root {
                         return false;
                     }
                 }
-                self.state = Some(Rc::new(State {
+                let state = Rc::new(State {
                     router: Router::new(cfg),
                     metrics,
-                }));
+                    memory_reported: std::cell::Cell::new(0),
+                });
+                // A reconfiguration replaces the state: take the old share
+                // of the memory gauge back.
+                if let Some(old) = self.state.replace(state) {
+                    old.metrics.add(
+                        old.metrics.vm_memory,
+                        -i64::try_from(old.memory_reported.get()).unwrap_or(0),
+                    );
+                }
                 true
             }
             Err(e) => {

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use prefix_router_core::config::{Config, ScrapeConfig};
 use prefix_router_core::load::{self, Report, SharedStore, StoreError, CAS_RETRIES};
-use prefix_router_core::scrape::queue_depth;
+use prefix_router_core::scrape::{counter_reset, first_counter, queue_depth};
+use prefix_router_core::shared_index;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
 
@@ -136,7 +137,14 @@ impl Scraper {
     }
 
     /// A scrape answered (or failed: status 503 / no body on timeout).
-    pub fn response(&mut self, token: u32, body_size: usize, sc: &ScrapeConfig, metrics: &Metrics) {
+    pub fn response(
+        &mut self,
+        token: u32,
+        body_size: usize,
+        cfg: &Config,
+        sc: &ScrapeConfig,
+        metrics: &Metrics,
+    ) {
         let Some(addr) = self.pending.remove(&token) else {
             return;
         };
@@ -164,6 +172,9 @@ impl Scraper {
             }
         };
         let text = String::from_utf8_lossy(&body);
+        if cfg.cost.enabled && !sc.restart_metrics.is_empty() {
+            Self::detect_restart(&addr, &text, cfg, sc, metrics);
+        }
         let q = match queue_depth(&text, &sc.queue_metrics) {
             Ok(Some(q)) => q,
             Ok(None) => {
@@ -194,6 +205,49 @@ impl Scraper {
                 host::log(
                     LogLevel::Warn,
                     &format!("prefix-router: storing scrape of {addr}: {e:?}"),
+                );
+            }
+        }
+    }
+}
+
+impl Scraper {
+    /// A replica whose restart counter went down lost its KV cache: forget
+    /// its prefix-index entries.
+    fn detect_restart(addr: &str, text: &str, cfg: &Config, sc: &ScrapeConfig, metrics: &Metrics) {
+        let Ok(Some(v)) = first_counter(text, &sc.restart_metrics) else {
+            return;
+        };
+        match counter_reset(&SharedData, addr, v) {
+            Ok(false) => {}
+            Ok(true) => {
+                let Some(idx) = cfg.host_index(addr) else { return };
+                let now = host::now_ms().unwrap_or(0);
+                match shared_index::forget_hosts(&SharedData, &[idx], now) {
+                    Ok(()) => {
+                        metrics.inc(metrics.forget_restart, 1);
+                        host::log(
+                            LogLevel::Info,
+                            &format!(
+                                "prefix-router: {addr} restarted (its {:?} went down): its prefix-index entries are forgotten",
+                                sc.restart_metrics
+                            ),
+                        );
+                    }
+                    Err(e) => {
+                        metrics.inc(metrics.host_errors, 1);
+                        host::log(
+                            LogLevel::Warn,
+                            &format!("prefix-router: forgetting {addr}'s index entries: {e:?}"),
+                        );
+                    }
+                }
+            }
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: storing {addr}'s restart counter: {e:?}"),
                 );
             }
         }
