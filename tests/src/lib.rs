@@ -26,6 +26,7 @@ pub mod paths;
 pub mod process;
 pub mod prom;
 pub mod report;
+pub mod spike;
 pub mod workload;
 
 pub use backend::{Backend, BackendOptions};

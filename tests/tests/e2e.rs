@@ -1077,3 +1077,61 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
         prefix_router_metrics(&lab)
     );
 }
+
+// 15. The cost rule against a real queue: with a replica kept busy by direct traffic (under
+//     the load bound), conversations cached there stay, new conversations go elsewhere; the
+//     bounded ring alone keeps both there. TTFTs are printed, not asserted (BENCHMARKS.md).
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() {
+    use prefix_router_lab::spike::{self, SpikeOptions};
+    let _g = serial();
+    require_artifacts(true);
+    let ring = ok(spike::run(&SpikeOptions {
+        cost: false,
+        ..SpikeOptions::default()
+    }));
+    let cost = ok(spike::run(&SpikeOptions::default()));
+    let table = spike::table(&ring, &cost);
+    eprintln!("{table}");
+    assert!(spike::all_ok(&ring) && spike::all_ok(&cost), "{table}");
+    // Same ring, same conversations: the same replica gets the spike in both runs.
+    assert_eq!(ring.spiked, cost.spiked, "{table}");
+    assert_eq!(ring.old_homes, cost.old_homes, "{table}");
+    let spiked = &cost.spiked;
+    let owned: Vec<usize> = ring
+        .new
+        .iter()
+        .filter(|m| m.backend == *spiked)
+        .map(|m| m.conversation)
+        .collect();
+    assert!(
+        !owned.is_empty(),
+        "no new conversation is owned by {spiked}: the scenario shows nothing\n{table}"
+    );
+    for m in &cost.old {
+        let home = &cost.old_homes[m.conversation];
+        assert_eq!(
+            &m.backend, home,
+            "cost rule: old conversation {} left its cache ({home}): {}\n{table}",
+            m.conversation, m.decision
+        );
+        assert!(
+            spike::cached(m).is_some_and(|c| c > 0),
+            "old conversation {}: {}",
+            m.conversation,
+            m.decision
+        );
+    }
+    for m in &cost.new {
+        assert_ne!(
+            &m.backend, spiked,
+            "cost rule: new conversation {} sent to the busy replica: {}\n{table}",
+            m.conversation, m.decision
+        );
+    }
+    // The ring alone (under the bound) sends the owned ones to the busy replica.
+    for &i in &owned {
+        assert_eq!(&ring.new[i].backend, spiked);
+    }
+}
