@@ -106,7 +106,13 @@ impl Backend {
         let mut last_err = LabError(String::new());
         // The port may linger for a moment after the kill.
         for attempt in 0..20 {
-            match Self::start_on(&self.name, opts, dir, self.port, 100 + generation * 20 + attempt) {
+            match Self::start_on(
+                &self.name,
+                opts,
+                dir,
+                self.port,
+                100 + generation * 20 + attempt,
+            ) {
                 Ok(b) => {
                     *self = b;
                     return Ok(());

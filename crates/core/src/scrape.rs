@@ -98,10 +98,16 @@ mod tests {
     #[test]
     fn restart_counter_going_down_is_a_reset() {
         let s = MemStore::default();
-        let names = n(&["vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"]);
+        let names = n(&[
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_queries",
+        ]);
         let t1 = "vllm:prefix_cache_queries{model_name=\"m\"} 900\nvllm:prefix_cache_queries_total{model_name=\"m\"} 1000\n";
         assert_eq!(first_counter(t1, &names), Ok(Some(1000.0)));
-        assert_eq!(first_counter("vllm:prefix_cache_queries 7\n", &names), Ok(Some(7.0)));
+        assert_eq!(
+            first_counter("vllm:prefix_cache_queries 7\n", &names),
+            Ok(Some(7.0))
+        );
         assert_eq!(first_counter("other 1\n", &names), Ok(None));
         assert_eq!(counter_reset(&s, "a", 1000.0), Ok(false)); // first sight
         assert_eq!(counter_reset(&s, "a", 1500.0), Ok(false));

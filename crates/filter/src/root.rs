@@ -37,8 +37,8 @@ impl State {
         let now = host::linear_memory_bytes();
         let last = self.memory_reported.replace(now);
         if now != last {
-            let delta = i64::try_from(now).unwrap_or(i64::MAX)
-                - i64::try_from(last).unwrap_or(i64::MAX);
+            let delta =
+                i64::try_from(now).unwrap_or(i64::MAX) - i64::try_from(last).unwrap_or(i64::MAX);
             self.metrics.add(self.metrics.vm_memory, delta);
         }
     }

@@ -221,7 +221,9 @@ impl Scraper {
         match counter_reset(&SharedData, addr, v) {
             Ok(false) => {}
             Ok(true) => {
-                let Some(idx) = cfg.host_index(addr) else { return };
+                let Some(idx) = cfg.host_index(addr) else {
+                    return;
+                };
                 let now = host::now_ms().unwrap_or(0);
                 match shared_index::forget_hosts(&SharedData, &[idx], now) {
                     Ok(()) => {
