@@ -793,9 +793,7 @@ mod tests {
             "outcome=hit;host=127.0.0.1:18002;source=prompt;skipped=0;key=00000000000000ab;bytes=12"
         );
         let d = match d {
-            Decision::Routed {
-                host, skipped, key, ..
-            } => Decision::Routed {
+            Decision::Routed { host, key, .. } => Decision::Routed {
                 host,
                 skipped: 1,
                 key,
