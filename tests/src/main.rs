@@ -2,11 +2,20 @@
 //!
 //! ```text
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
-//!                        [--cache-tokens N] [--seed N]
+//!                        [--cache-tokens N] [--seed N] ...
+//! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
 //! ```
+//!
+//! The demo's defaults are a document chat under cache pressure: `WorkloadOptions::default()`
+//! (50 conversations x 6 turns, all open at once, 6-10 KB first messages, 0.2-4 s pauses) on
+//! backends with `workload::DEMO_CACHE_TOKENS` (36864) tokens of KV cache each, so that one
+//! replica's cache holds about its quarter of the conversations and the four caches together
+//! about all of them. The module docs of `prefix_router_lab::workload` explain why that is the
+//! regime where routing by prefix pays off, and what each policy's hit rate is made of.
 
 use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
 use prefix_router_lab::report::side_by_side;
+use prefix_router_lab::workload::DEMO_CACHE_TOKENS;
 use prefix_router_lab::{BackendOptions, Lab, LabOptions, Report, Workload, WorkloadOptions};
 use std::process::ExitCode;
 
@@ -17,16 +26,23 @@ Starts 4 backend simulators + Envoy with the prefix-router filter (envoy/envoy.y
 multi-turn chat workload through it, then does the same with fresh backends behind Envoy with
 plain round robin (envoy/envoy-round-robin.yaml), and prints both side by side.
 
+The defaults are a document chat under cache pressure: every conversation opens with a 6-10 KB
+document (~2k tokens) and asks about it over 6 turns, users pause 0.2-4 s between turns, and each
+backend's KV cache (36864 tokens) holds about a quarter of the 50 conversations, the four
+together about all of them. Round robin copies every conversation onto every replica, so most
+copies are evicted before they are reused; prefix-router keeps each conversation on one replica.
+
 options:
   --conversations N   conversations (default 50)
   --turns N           turns per conversation (default 6)
-  --concurrency N     conversations in flight (default 16)
+  --concurrency N     conversations open at once (default 50: all)
   --time-scale X      backend --time-scale (default 0.5; smaller = faster)
-  --cache-tokens N    backend KV-cache capacity in tokens (default 8192)
+  --cache-tokens N    backend KV-cache capacity in tokens (default 36864)
   --max-running N     backend max running batch (default 8)
   --max-tokens N      output tokens per request (default 48)
-  --first-bytes LO,HI size of each conversation's first user message (default 700,900)
-  --think-ms LO,HI    user think time before each follow-up turn, uniform (default 0,100)
+  --first-bytes LO,HI size of each conversation's first user message (default 6000,10000)
+  --think-ms LO,HI    user think time before each follow-up turn, uniform (default 200,4000)
+  --start-ms LO,HI    delay before each conversation's first turn, uniform (default 0,4000)
   --seed N            workload seed (default 42)
   --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
                       '{\"capacity_factor\": 2.0}' (default: none)
@@ -59,7 +75,11 @@ fn range<T: std::str::FromStr + PartialOrd>(v: &str) -> Option<(T, T)> {
 fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
     let mut d = DemoArgs {
         workload: WorkloadOptions::default(),
-        backend: BackendOptions::default(),
+        // The cache size the default workload is sized for (see prefix_router_lab::workload).
+        backend: BackendOptions {
+            cache_tokens: DEMO_CACHE_TOKENS,
+            ..BackendOptions::default()
+        },
         filter: FilterConfig::Default,
     };
     let mut it = args.iter();
@@ -103,6 +123,10 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                 let v = value()?;
                 d.workload.max_tokens = v.parse().map_err(|_| bad(&v))?;
             }
+            "--start-ms" => {
+                let v = value()?;
+                d.workload.start_ms = range(&v).ok_or_else(|| bad(&v))?;
+            }
             "--first-bytes" => {
                 let v = value()?;
                 d.workload.first_message_bytes = range(&v).ok_or_else(|| bad(&v))?;
@@ -126,8 +150,9 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
 
 fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
     println!(
-        "== {}: starting 4 backends + Envoy ({})",
+        "== {}: starting 4 backends (KV cache {} tokens each) + Envoy ({})",
         mode.label(),
+        args.backend.cache_tokens,
         mode.template_path().display()
     );
     let mut lab = Lab::start(&LabOptions {

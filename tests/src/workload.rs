@@ -6,6 +6,40 @@
 //! reply (the text the backend actually returned) and a new user message. Conversations run
 //! concurrently (`concurrency` at once); the turns of one conversation run sequentially. Every
 //! request streams (`"stream": true, "stream_options": {"include_usage": true}`).
+//!
+//! ## The default: document chat under cache pressure
+//!
+//! [`WorkloadOptions::default`] on backends with [`DEMO_CACHE_TOKENS`] of KV cache each is the
+//! workload of `prefix-router-lab demo` and of the end-to-end stickiness test. Each of the 50
+//! conversations opens with a 6-10 KB document (1.5-2.5k tokens at the simulators' 4 bytes per
+//! token; about 2.2k tokens with the system prompt), the way a RAG or code-assistant chat
+//! starts, and grows by about 220 tokens a turn (a 350-650-byte question and the 48-token
+//! reply), to about 3.3k tokens after turn 6. All 50 are open at once (users arrive over the
+//! first 4 s) and users pause 0.2-4 s (uniform) before each follow-up, several times the
+//! 0.25-1 s a turn takes, so most of the time a conversation is idle and its KV must survive in
+//! the cache until the user comes back. Measured figures: BENCHMARKS.md.
+//!
+//! The cache size puts the fleet in the regime where affinity matters: one replica's cache
+//! (36864 tokens: 11-17 conversations, depending on how far they are) holds about its quarter of
+//! the conversations (12.5 on average), while the four caches together (147k tokens) hold about
+//! all 50 (110k tokens at turn 1, 165k after turn 6).
+//! * With prefix-router all turns of a conversation go to one replica, which serves only its own
+//!   share of the conversations and keeps their prefixes: a follow-up turn hits all but its new
+//!   user message (about 94% of its prompt). The exception is a replica whose share (set by the
+//!   key hash; it varies with the seed, e.g. 17 of the 50 on one replica with seed 42) does not
+//!   fit in its cache: it thrashes.
+//! * Round robin sends each turn to the next replica, so every replica serves all 50
+//!   conversations and each conversation's prefix is copied onto all four. A follow-up hits only
+//!   when it lands on a replica that served an earlier turn of the same conversation (the
+//!   previous turn's replica: about 1 in 4) and that replica has not evicted it since. While a
+//!   user pauses, the replica serves about 5 other conversations a second, mostly prefixes it
+//!   does not hold, and its cache holds about 12 of them: after a pause of a few seconds even
+//!   the previous turn's prefix is gone (about a third of the follow-ups that land on the
+//!   previous turn's replica miss).
+//!
+//! With larger caches round robin keeps more of its copies and the multiple falls (about 2.5x
+//! with this workload and 57344-token caches); with much smaller ones prefix-router's replicas
+//! thrash too.
 
 use crate::http;
 use serde_json::{json, Value};
@@ -18,7 +52,8 @@ use std::time::{Duration, Instant};
 pub struct WorkloadOptions {
     pub conversations: usize,
     pub turns: usize,
-    /// Conversations in flight at once.
+    /// Conversations open at once (each runs its turns one after the other; when one ends the
+    /// next starts). The default, 50, opens all of them at once.
     pub concurrency: usize,
     pub seed: u64,
     /// Distinct system prompts (at least 1).
@@ -33,26 +68,38 @@ pub struct WorkloadOptions {
     /// period that aliases with Envoy's round robin (which would make round robin accidentally
     /// sticky).
     pub think_ms: (u64, u64),
+    /// Delay before each conversation's first turn, drawn uniformly from this range (ms): users
+    /// open their conversations over a while rather than all in the same millisecond.
+    pub start_ms: (u64, u64),
     /// Size of each conversation's first user message, uniform in this range (bytes). A large
     /// first message is a document or code the user asks about over several turns (RAG, code
     /// assistants): unique per conversation, reused by every later turn.
     pub first_message_bytes: (usize, usize),
 }
 
+/// Backend KV-cache capacity (tokens per replica) that the default workload is sized for: a
+/// replica holds about its quarter of the 50 conversations, the four replicas about all of them.
+/// See the module docs; `prefix-router-lab demo` and the e2e stickiness test use it.
+pub const DEMO_CACHE_TOKENS: u64 = 36_864;
+
+/// Document chat under cache pressure (see the module docs): 50 conversations x 6 turns, all open
+/// at once (first turns spread over 4 s), 6-10 KB first messages, 0.2-4 s pauses between turns.
+/// Meant for backends with [`DEMO_CACHE_TOKENS`].
 impl Default for WorkloadOptions {
     fn default() -> Self {
         WorkloadOptions {
             conversations: 50,
             turns: 6,
-            concurrency: 16,
+            concurrency: 50,
             seed: 42,
             system_prompts: 4,
             max_tokens: 48,
             model: "sim-llm".to_string(),
             path: "/v1/chat/completions".to_string(),
             request_timeout: Duration::from_secs(120),
-            think_ms: (0, 100),
-            first_message_bytes: (700, 900),
+            think_ms: (200, 4000),
+            start_ms: (0, 4000),
+            first_message_bytes: (6000, 10000),
         }
     }
 }
@@ -66,7 +113,7 @@ pub struct Conversation {
     pub system: String,
     /// One per turn.
     pub user_messages: Vec<String>,
-    /// Pause before each turn (the first is zero).
+    /// Pause before each turn (before the first: the start delay, see `start_ms`).
     pub think: Vec<Duration>,
 }
 
@@ -323,7 +370,14 @@ impl Workload {
                     "Hello, this is customer #{id:04}. {}",
                     text(&mut rng, first_len)
                 ));
-                think.push(Duration::ZERO);
+                // No draw for a fixed start delay, so (0, 0) leaves the workload as it was.
+                let (slo, shi) = opts.start_ms;
+                let start = if shi > slo {
+                    rng.range(slo as usize, shi as usize) as u64
+                } else {
+                    slo
+                };
+                think.push(Duration::from_millis(start));
                 for _ in 1..opts.turns {
                     let len = rng.range(350, 650);
                     user_messages.push(text(&mut rng, len));

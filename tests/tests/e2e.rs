@@ -102,26 +102,33 @@ fn chat(agent: &ureq::Agent, lab: &Lab, user: &str) -> RequestRecord {
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn stickiness_and_hit_rate_vs_round_robin() {
     let _g = serial();
-    let workload = Workload::generate(WorkloadOptions {
-        conversations: 50,
-        turns: 6,
-        concurrency: 16,
-        ..WorkloadOptions::default()
-    });
+    // The demo's workload and cache size: document chat, 50 conversations x 6 turns all open at
+    // once, each backend's cache holding about a quarter of them (see the docs of
+    // prefix_router_lab::workload for the regime).
+    let workload = Workload::generate(WorkloadOptions::default());
+    assert_eq!((workload.opts.conversations, workload.opts.turns), (50, 6));
     let total = workload.total_requests();
+    let start = |label: &str, mode: EnvoyMode| {
+        require_artifacts(mode == EnvoyMode::PrefixRouter);
+        ok(Lab::start(&LabOptions {
+            label: label.to_string(),
+            backends: 4,
+            backend: BackendOptions {
+                cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
+                ..backend_opts()
+            },
+            envoy: Some(EnvoyOptions {
+                mode,
+                filter: FilterConfig::Default,
+                ..EnvoyOptions::default()
+            }),
+        }))
+    };
 
-    let pr_lab = lab(
-        "e2e-sticky-pr",
-        EnvoyMode::PrefixRouter,
-        FilterConfig::Default,
-    );
+    let pr_lab = start("e2e-sticky-pr", EnvoyMode::PrefixRouter);
     let (_, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
     drop(pr_lab);
-    let rr_lab = lab(
-        "e2e-sticky-rr",
-        EnvoyMode::RoundRobin,
-        FilterConfig::Default,
-    );
+    let rr_lab = start("e2e-sticky-rr", EnvoyMode::RoundRobin);
     let (_, rr) = ok(rr_lab.run_workload(&workload, "round-robin"));
     drop(rr_lab);
     eprintln!("{}", side_by_side(&[&pr, &rr]));
@@ -145,16 +152,15 @@ fn stickiness_and_hit_rate_vs_round_robin() {
             pr.outcomes
         ));
     }
-    // The issue asks for >= 3x; on this workload (4 replicas, short first messages, caches
-    // that hold most of the working set) round robin lands on the previous turn's replica a
-    // quarter of the time and still finds older partial prefixes, so the measured ratio is
-    // about 1.8-2.8x depending on the seed and cache size (see BENCHMARKS.md, which also
-    // shows the ~3x of a document-chat workload under cache pressure). The test guards a
-    // real, seed-robust margin rather than a number this workload cannot carry.
+    // The issue's acceptance: the simulators' measured hit rate at least 3x round robin's. On
+    // this workload it measured 3.3-5.0x over 8 seeds and 15 runs (3.6-3.8x with this seed).
+    // What varies from run to run is mostly how many follow-ups round robin happens to send
+    // back to the previous turn's replica soon enough to find their prefix; from seed to seed,
+    // also how many conversations the key hash puts on the busiest replica.
     match (pr.hit_rate, rr.hit_rate) {
-        (Some(p), Some(r)) if p >= 1.5 * r => {}
+        (Some(p), Some(r)) if p >= 3.0 * r => {}
         (Some(p), Some(r)) => problems.push(format!(
-            "prefix-cache hit rate {:.1}% is not >= 1.5x round robin's {:.1}% (ratio {:.2})",
+            "prefix-cache hit rate {:.1}% is not >= 3x round robin's {:.1}% (ratio {:.2})",
             p * 100.0,
             r * 100.0,
             p / r.max(f64::MIN_POSITIVE)
