@@ -4,6 +4,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
+//! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
 //! ```
 //!
 //! The demo's defaults are a document chat under cache pressure: `WorkloadOptions::default()`
@@ -52,6 +53,15 @@ usage: prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..
 Measures the filter's added latency: Envoy without a filter, with the do-nothing testbed
 filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
 Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
+
+usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
+
+The cost rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with a
+`doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
+holding most of them busy (a real queue, under the load bound) while the next turn of every
+old conversation and the first turn of `new` conversations go through Envoy. Runs the bounded
+ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
+side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 8.
 
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
 target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
@@ -222,11 +232,58 @@ fn overhead(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn spike(args: &[String]) -> Result<(), String> {
+    use prefix_router_lab::spike::{self, SpikeOptions};
+    let mut opts = SpikeOptions::default();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        let bad = || format!("bad value for {flag}: {v}");
+        match flag.as_str() {
+            "--old" => opts.old = v.parse().map_err(|_| bad())?,
+            "--new" => opts.new = v.parse().map_err(|_| bad())?,
+            "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
+            "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if opts.old == 0 || opts.loopers == 0 {
+        return Err("--old and --loopers must be at least 1".to_string());
+    }
+    let mut results = Vec::new();
+    for cost in [false, true] {
+        println!(
+            "== cost.mode {}: starting 4 backends + Envoy",
+            if cost {
+                "on"
+            } else {
+                "off (bounded ring only)"
+            }
+        );
+        let r = spike::run(&SpikeOptions {
+            cost,
+            ..opts.clone()
+        })
+        .map_err(|e| e.to_string())?;
+        if !spike::all_ok(&r) {
+            return Err(format!(
+                "cost.mode {}: some requests failed",
+                if cost { "on" } else { "off" }
+            ));
+        }
+        results.push(r);
+    }
+    println!();
+    println!("{}", spike::table(&results[0], &results[1]));
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
         Some("overhead") => overhead(&args[1..]),
+        Some("spike") => spike(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
