@@ -4,7 +4,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
-//! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
+//! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
 //! ```
 //!
 //! The demo's defaults are a document chat under cache pressure: `WorkloadOptions::default()`
@@ -47,6 +47,9 @@ options:
   --seed N            workload seed (default 42)
   --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
                       '{\"capacity_factor\": 2.0}' (default: none)
+  --also JSON         also run the filter with this patch (instead of --filter-patch) and add it
+                      as a third column, e.g. '{\"cost\": {\"mode\": \"on\"}}': side by side in
+                      one run
 
 usage: prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
 
@@ -54,14 +57,15 @@ Measures the filter's added latency: Envoy without a filter, with the do-nothing
 filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
 Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
 
-usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
+usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
 
 The cost rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with a
 `doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
 holding most of them busy (a real queue, under the load bound) while the next turn of every
 old conversation and the first turn of `new` conversations go through Envoy. Runs the bounded
 ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
-side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 8.
+side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 8 --queue requests (cost.queue
+of the cost run: requests or tokens).
 
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
 target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
@@ -72,6 +76,8 @@ struct DemoArgs {
     workload: WorkloadOptions,
     backend: BackendOptions,
     filter: FilterConfig,
+    /// `--also`: a second filter configuration, run as a third column.
+    also: Option<FilterConfig>,
 }
 
 /// `LO,HI` with `LO <= HI`.
@@ -91,6 +97,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
             ..BackendOptions::default()
         },
         filter: FilterConfig::Default,
+        also: None,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -151,6 +158,12 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                     serde_json::from_str(&v).map_err(|e| format!("--filter-patch: {e}"))?;
                 d.filter = FilterConfig::Patched(patch);
             }
+            "--also" => {
+                let v = value()?;
+                let patch: serde_json::Value =
+                    serde_json::from_str(&v).map_err(|e| format!("--also: {e}"))?;
+                d.also = Some(FilterConfig::Patched(patch));
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other}")),
         }
@@ -158,20 +171,31 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
     Ok(d)
 }
 
-fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
+fn run_one(
+    mode: EnvoyMode,
+    label: &str,
+    filter: &FilterConfig,
+    args: &DemoArgs,
+    workload: &Workload,
+) -> Result<Report, String> {
     println!(
-        "== {}: starting 4 backends (KV cache {} tokens each) + Envoy ({})",
-        mode.label(),
+        "== {label}: starting 4 backends (KV cache {} tokens each) + Envoy ({})",
         args.backend.cache_tokens,
         mode.template_path().display()
     );
     let mut lab = Lab::start(&LabOptions {
-        label: format!("demo-{}", mode.label()),
+        label: format!(
+            "demo-{}",
+            label
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect::<String>()
+        ),
         backends: 4,
         backend: args.backend.clone(),
         envoy: Some(EnvoyOptions {
             mode,
-            filter: args.filter.clone(),
+            filter: filter.clone(),
             ..EnvoyOptions::default()
         }),
     })
@@ -187,7 +211,7 @@ fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Repo
         );
     }
     let (_run, report) = lab
-        .run_workload(workload, mode.label())
+        .run_workload(workload, label)
         .map_err(|e| e.to_string())?;
     println!(
         "   done: {}/{} ok in {:.1} s",
@@ -202,10 +226,35 @@ fn run_one(mode: EnvoyMode, args: &DemoArgs, workload: &Workload) -> Result<Repo
 fn demo(args: &[String]) -> Result<(), String> {
     let args = parse_demo_args(args)?;
     let workload = Workload::generate(args.workload.clone());
-    let with_filter = run_one(EnvoyMode::PrefixRouter, &args, &workload)?;
-    let round_robin = run_one(EnvoyMode::RoundRobin, &args, &workload)?;
+    let with_filter = run_one(
+        EnvoyMode::PrefixRouter,
+        EnvoyMode::PrefixRouter.label(),
+        &args.filter,
+        &args,
+        &workload,
+    )?;
+    let also = match &args.also {
+        Some(f) => Some(run_one(
+            EnvoyMode::PrefixRouter,
+            "prefix-router (--also)",
+            f,
+            &args,
+            &workload,
+        )?),
+        None => None,
+    };
+    let round_robin = run_one(
+        EnvoyMode::RoundRobin,
+        EnvoyMode::RoundRobin.label(),
+        &args.filter,
+        &args,
+        &workload,
+    )?;
     println!();
-    println!("{}", side_by_side(&[&with_filter, &round_robin]));
+    let mut reports = vec![&with_filter];
+    reports.extend(also.as_ref());
+    reports.push(&round_robin);
+    println!("{}", side_by_side(&reports));
     Ok(())
 }
 
@@ -244,6 +293,7 @@ fn spike(args: &[String]) -> Result<(), String> {
             "--new" => opts.new = v.parse().map_err(|_| bad())?,
             "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
             "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
+            "--queue" => opts.queue = v.clone(),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -255,9 +305,9 @@ fn spike(args: &[String]) -> Result<(), String> {
         println!(
             "== cost.mode {}: starting 4 backends + Envoy",
             if cost {
-                "on"
+                format!("on, cost.queue {}", opts.queue)
             } else {
-                "off (bounded ring only)"
+                "off (bounded ring only)".to_string()
             }
         );
         let r = spike::run(&SpikeOptions {

@@ -52,6 +52,8 @@ pub struct SpikeOptions {
     pub doc_bytes: usize,
     /// Clients keeping the spiked replica busy.
     pub loopers: usize,
+    /// `cost.queue`: `"requests"` (default) or `"tokens"`.
+    pub queue: String,
 }
 
 impl Default for SpikeOptions {
@@ -62,6 +64,7 @@ impl Default for SpikeOptions {
             new: 24,
             doc_bytes: 64 * 1024,
             loopers: 8,
+            queue: "requests".to_string(),
         }
     }
 }
@@ -138,11 +141,12 @@ fn measured(conversation: usize, r: &RequestRecord) -> Measured {
 }
 
 /// The filter JSON patch of a run.
-pub fn filter_patch(cost: bool) -> Value {
+pub fn filter_patch(cost: bool, queue: &str) -> Value {
     json!({
         "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150},
         "cost": {
             "mode": if cost { "on" } else { "off" },
+            "queue": queue,
             "prefill_tokens_per_s": 32000.0,
             "service_s": 0.05
         }
@@ -167,7 +171,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(filter_patch(opts.cost)),
+            filter: FilterConfig::Patched(filter_patch(opts.cost, &opts.queue)),
             ..EnvoyOptions::default()
         }),
     })?;

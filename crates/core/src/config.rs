@@ -33,8 +33,8 @@
 //! | `cost.candidates` | 3 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
 //! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
 //! | `cost.bytes_per_token` | 4 | prompt bytes per token |
-//! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`) |
-//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end; the bound still counts requests) |
+//! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
+//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end), or, if larger, the host's fresh reported queue x `service_s` x `prefill_tokens_per_s` (work other proxies or clients sent); the bound still counts requests |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
 //! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound (simulator's in-memory index only) |

@@ -55,15 +55,19 @@ pub struct HostLoad {
 }
 
 impl HostLoad {
-    /// `max(inflight, fresh reported queue)`.
-    pub fn effective(&self, now_ms: u64, ttl_ms: u64) -> u64 {
-        let reported = match self.report {
+    /// The fresh reported queue depth (0 without a fresh report).
+    pub fn reported(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+        match self.report {
             Some(r) if now_ms.saturating_sub(r.at_ms) <= ttl_ms && r.queue.is_finite() => {
                 r.queue.max(0.0).ceil() as u64
             }
             _ => 0,
-        };
-        self.inflight.max(reported)
+        }
+    }
+
+    /// `max(inflight, fresh reported queue)`.
+    pub fn effective(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+        self.inflight.max(self.reported(now_ms, ttl_ms))
     }
 }
 

@@ -394,8 +394,18 @@ impl Router {
             return self.place(key, loads, now_ms);
         }
         let (eff, eligible) = self.loads(loads, now_ms);
+        let ttl = self.cfg.load.report_ttl_ms;
+        let params = &self.cfg.cost.params;
         let pending: Vec<u64> = (0..eff.len())
-            .map(|i| loads.get(i).map_or(0, |l| l.pending_prefill_tokens))
+            .map(|i| {
+                loads.get(i).map_or(0, |l| {
+                    cost::pending_with_report(
+                        l.pending_prefill_tokens,
+                        l.reported(now_ms, ttl),
+                        params,
+                    )
+                })
+            })
             .collect();
         match cost::place(
             &self.ring,
@@ -655,6 +665,61 @@ mod tests {
         busy[walk[1]].inflight = 3;
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
+    }
+
+    #[test]
+    fn token_queue_sees_reported_queues() {
+        // cost.queue = tokens: the owner's reported queue (work this router
+        // did not send) is priced at service_s per request and moves a new
+        // conversation; without the report the owner keeps it.
+        let hosts: Vec<String> = (0..4)
+            .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
+            .collect();
+        let json = format!(
+            r#"{{"hosts":[{}],"cost":{{"mode":"on","queue":"tokens","stride_chunks":1}}}}"#,
+            hosts.join(",")
+        );
+        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let ix = r.new_index();
+        let body = chat(&"new conversation ".repeat(200), 1);
+        let idle = vec![HostLoad::default(); 4];
+        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 0);
+        let Decision::Routed {
+            host: owner,
+            skipped: 0,
+            ..
+        } = d
+        else {
+            panic!("{d:?}")
+        };
+        let mut reported = idle.clone();
+        reported[owner].report = Some(Report {
+            queue: 2.0,
+            at_ms: 0,
+        });
+        let (d, _) = r.decide_with_cost(
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &reported,
+            &ix,
+            1,
+        );
+        assert!(
+            matches!(d, Decision::Routed { host, skipped: 1, .. } if host != owner),
+            "{d:?}"
+        );
+        // A stale report (past load.report_ttl_ms) no longer counts.
+        let stale_at = 1 + r.config().load.report_ttl_ms + 1;
+        let (d, _) = r.decide_with_cost(
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &reported,
+            &ix,
+            stale_at,
+        );
+        assert!(matches!(d, Decision::Routed { host, skipped: 0, .. } if host == owner));
     }
 
     #[test]
