@@ -88,6 +88,8 @@ pub struct Measured {
 #[derive(Debug, Clone)]
 pub struct SpikeResult {
     pub cost: bool,
+    /// `cost.queue` of the run.
+    pub queue: String,
     /// The replica that got the queue.
     pub spiked: String,
     /// Replica of each old conversation before the spike.
@@ -258,6 +260,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
     }
     Ok(SpikeResult {
         cost: opts.cost,
+        queue: opts.queue.clone(),
         spiked,
         old_homes,
         old,
@@ -298,9 +301,9 @@ pub fn table(ring: &SpikeResult, cost: &SpikeResult) -> String {
     let owner_spiked: Vec<bool> = ring.new.iter().map(|m| m.backend == ring.spiked).collect();
     for r in [ring, cost] {
         let mode = if r.cost {
-            "cost.mode on"
+            format!("cost.mode on (cost.queue {})", r.queue)
         } else {
-            "cost.mode off (bounded ring)"
+            "cost.mode off (bounded ring)".to_string()
         };
         let waiting: Vec<String> = r.spiked_waiting.iter().map(|w| format!("{w:.0}")).collect();
         out.push_str(&format!(

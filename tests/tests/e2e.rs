@@ -1097,10 +1097,26 @@ fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() 
         cost: false,
         ..SpikeOptions::default()
     }));
-    let cost = ok(spike::run(&SpikeOptions::default()));
-    let table = spike::table(&ring, &cost);
+    let requests = ok(spike::run(&SpikeOptions::default()));
+    // cost.queue = tokens: the queue this proxy did not cause reaches the estimate through the
+    // scraped report (pending tokens = max(own, reported x service_s x prefill rate)).
+    let tokens = ok(spike::run(&SpikeOptions {
+        queue: "tokens".to_string(),
+        ..SpikeOptions::default()
+    }));
+    for cost in [&requests, &tokens] {
+        check_spike(&ring, cost);
+    }
+}
+
+fn check_spike(
+    ring: &prefix_router_lab::spike::SpikeResult,
+    cost: &prefix_router_lab::spike::SpikeResult,
+) {
+    use prefix_router_lab::spike;
+    let table = spike::table(ring, cost);
     eprintln!("{table}");
-    assert!(spike::all_ok(&ring) && spike::all_ok(&cost), "{table}");
+    assert!(spike::all_ok(ring) && spike::all_ok(cost), "{table}");
     // Same ring, same conversations: the same replica gets the spike in both runs.
     assert_eq!(ring.spiked, cost.spiked, "{table}");
     assert_eq!(ring.old_homes, cost.old_homes, "{table}");
