@@ -76,25 +76,19 @@
 //! no per-request term: requests past their first token (decoding) slow a
 //! newcomer's prefill only a little, and they still count in `load_h`,
 //! which keeps deciding the bound. The count is this router's own view,
-//! so the replica's report is folded in ([`pending_with_report`]): a fresh
-//! reported queue of `q` waiting requests stands for at least
-//! `q x service_s x prefill_tokens_per_s` tokens of prefill ahead, and the
-//! larger of the two is used:
+//! so the replica's report adds what others sent ([`pending_with_report`]):
+//! waiting requests it reports beyond the requests this router has in
+//! flight there are someone else's (other proxies, direct clients, a load
+//! spike), and each is priced at `service_s` of prefill:
 //!
 //! ```text
-//! pending_prefill_tokens_h = max(own pending tokens_h,
-//!                                reported_queue_h x service_s x prefill_tokens_per_s)
+//! pending_prefill_tokens_h = own pending tokens_h
+//!     + max(0, reported_queue_h - own in-flight_h) x service_s x prefill_tokens_per_s
 //! ```
 //!
-//! That is how work this router did not send (other proxies, direct
-//! traffic, a load spike) enters the estimate; with one proxy and no other
-//! traffic the own count is almost always the larger. Everything else,
-//! the candidates, the bound and the ties, is as above.
-//!
-//! Measured (simulator, Mooncake, 8 replicas, 150,000-token caches, x1.5,
-//! 4 proxies; BENCHMARKS.md): folding the reports in moved TTFT p90 from
-//! 3.68 to 3.39 s (`candidates` 3) and the hit-rate ratio of 4 proxies to
-//! one from 0.960 to 0.957; with one proxy the figures did not change.
+//! With one proxy and no other traffic the second term is almost always 0
+//! (the waiting requests a replica reports are this router's own), so a
+//! stale or bursty report does not push conversations off their cache.
 //!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
@@ -218,15 +212,22 @@ pub struct CostPlacement {
     pub moved: bool,
 }
 
-/// A host's pending prefill tokens for [`QueueMode::Tokens`]: the larger of
-/// this router's own count and the fresh reported queue depth priced at
-/// `service_s` per request (`reported x service_s x prefill_tokens_per_s`
-/// tokens). Saturates instead of overflowing.
-pub fn pending_with_report(own_tokens: u64, reported_queue: u64, p: &CostParams) -> u64 {
+/// A host's pending prefill tokens for [`QueueMode::Tokens`]: this
+/// router's own pending tokens plus, priced at `service_s` each
+/// (`service_s x prefill_tokens_per_s` tokens), the reported waiting
+/// requests beyond this router's own in-flight requests at the host (those
+/// are someone else's). Saturates instead of overflowing.
+pub fn pending_with_report(
+    own_tokens: u64,
+    own_inflight: u64,
+    reported_queue: u64,
+    p: &CostParams,
+) -> u64 {
+    let others = reported_queue.saturating_sub(own_inflight);
     let per_request = (p.service_s * p.prefill_tokens_per_s).max(0.0);
-    let from_report = reported_queue as f64 * per_request;
     // `as` saturates for floats out of range (and maps NaN to 0).
-    own_tokens.max(from_report as u64)
+    let from_others = (others as f64 * per_request) as u64;
+    own_tokens.saturating_add(from_others)
 }
 
 /// Choose a host for `key` by estimated TTFT.
@@ -382,12 +383,15 @@ mod tests {
     #[test]
     fn reported_queue_counts_in_token_mode() {
         let p = CostParams::default(); // 0.5 s x 16,000 tok/s = 8,000 tokens a request
-        assert_eq!(pending_with_report(0, 0, &p), 0);
-        assert_eq!(pending_with_report(5_000, 0, &p), 5_000);
-        assert_eq!(pending_with_report(5_000, 1, &p), 8_000);
-        assert_eq!(pending_with_report(20_000, 2, &p), 20_000);
-        assert_eq!(pending_with_report(0, 3, &p), 24_000);
-        assert_eq!(pending_with_report(7, u64::MAX, &p), u64::MAX);
+        assert_eq!(pending_with_report(0, 0, 0, &p), 0);
+        assert_eq!(pending_with_report(5_000, 2, 0, &p), 5_000);
+        // The 2 reported waiting requests are (at most) our own 2 in flight.
+        assert_eq!(pending_with_report(5_000, 2, 2, &p), 5_000);
+        // 3 waiting, 1 of ours: 2 are someone else's.
+        assert_eq!(pending_with_report(5_000, 1, 3, &p), 21_000);
+        assert_eq!(pending_with_report(0, 0, 3, &p), 24_000);
+        assert_eq!(pending_with_report(7, 0, u64::MAX, &p), u64::MAX);
+        assert_eq!(pending_with_report(u64::MAX, 0, 1, &p), u64::MAX);
     }
 
     #[test]

@@ -401,6 +401,7 @@ impl Router {
                 loads.get(i).map_or(0, |l| {
                     cost::pending_with_report(
                         l.pending_prefill_tokens,
+                        l.inflight,
                         l.reported(now_ms, ttl),
                         params,
                     )
