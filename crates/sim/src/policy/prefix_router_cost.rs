@@ -21,7 +21,10 @@
 //! (canonical prompt bytes / `bytes_per_token`, what the filter can count)
 //! of the requests it routed that have not yet produced a first token, and
 //! passes them as `HostLoad::pending_prefill_tokens`. The counts are kept
-//! in every mode (they are only read with `tokens`).
+//! in every mode (they are only read with `tokens`). The core adds the
+//! replica's reported waiting requests beyond this proxy's own in-flight
+//! ones ([`prefix_router_core::cost::pending_with_report`]): with K
+//! proxies, that is how one proxy sees the others' work.
 
 use std::collections::BTreeMap;
 
