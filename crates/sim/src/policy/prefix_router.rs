@@ -30,8 +30,11 @@ use crate::input::RouteInput;
 
 /// Options: `mode` (`conversation`|`prefix`), `c` (capacity factor),
 /// `min_capacity` (capacity floor per replica, requests),
-/// `prefix_bytes`, `vnodes`, `chunk_bytes`, `reports` (`on`|`off`: use
-/// replica reports in the load or only in-flight counts).
+/// `prefix_bytes`, `vnodes`, `chunk_bytes`, `reports` (`on` = `waiting`:
+/// the replica's reported waiting requests, the filter's default ORCA
+/// metric; `all`: waiting + running, as with `load.orca_metrics:
+/// ["num_requests_waiting", "num_requests_running"]`; `off`: only in-flight
+/// counts).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub mode: String,
@@ -40,7 +43,7 @@ pub struct Params {
     pub prefix_bytes: u64,
     pub vnodes: u32,
     pub chunk_bytes: u32,
-    pub use_reports: bool,
+    pub use_reports: Reports,
 }
 
 impl Default for Params {
@@ -53,7 +56,7 @@ impl Default for Params {
             prefix_bytes: d.key.prefix_bytes,
             vnodes: d.vnodes,
             chunk_bytes: d.chunk_bytes,
-            use_reports: true,
+            use_reports: Reports::Waiting,
         }
     }
 }
@@ -69,7 +72,18 @@ impl Params {
                 "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
                 "vnodes" => p.vnodes = num(k, v)? as u32,
                 "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
-                "reports" => p.use_reports = v != "off",
+                "reports" => {
+                    p.use_reports = match v.as_str() {
+                        "off" => Reports::Off,
+                        "on" | "waiting" => Reports::Waiting,
+                        "all" => Reports::All,
+                        _ => {
+                            return Err(SpecError(format!(
+                                "prefix-router: reports must be off, on, waiting or all, not {v:?}"
+                            )))
+                        }
+                    }
+                }
                 _ => return Err(SpecError(format!("prefix-router: unknown option {k:?}"))),
             }
         }
@@ -126,7 +140,7 @@ pub struct PrefixRouter {
     /// conversation key.
     cap: Option<Router>,
     loads: Vec<HostLoad>,
-    use_reports: bool,
+    use_reports: Reports,
     rr: usize,
 }
 
@@ -158,18 +172,34 @@ impl PrefixRouter {
 
 /// What the filter would know of each host: its own in-flight count and,
 /// if enabled, the replica's last report (as `HostLoad`).
-pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports: bool) {
+pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports: Reports) {
     for (h, l) in loads.iter_mut().enumerate() {
         l.inflight = view.inflight.get(h).copied().unwrap_or(0);
-        l.report = if use_reports {
-            view.reports.get(h).copied().flatten().map(|s| Report {
-                queue: f64::from(s.waiting),
-                at_ms: (s.at * 1000.0).max(0.0) as u64,
-            })
-        } else {
-            None
+        l.report = match use_reports {
+            Reports::Off => None,
+            Reports::Waiting | Reports::All => {
+                view.reports.get(h).copied().flatten().map(|s| Report {
+                    queue: if use_reports == Reports::All {
+                        f64::from(s.waiting) + f64::from(s.running)
+                    } else {
+                        f64::from(s.waiting)
+                    },
+                    at_ms: (s.at * 1000.0).max(0.0) as u64,
+                })
+            }
         };
     }
+}
+
+/// Which replica report feeds the load (see [`Params`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reports {
+    /// In-flight counts only.
+    Off,
+    /// `num_requests_waiting` (the filter's default).
+    Waiting,
+    /// `num_requests_waiting + num_requests_running`.
+    All,
 }
 
 /// Envoy's fallback: round robin over the hosts.

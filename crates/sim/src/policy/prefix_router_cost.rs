@@ -111,7 +111,7 @@ pub struct PrefixRouterCost {
     router: Router,
     index: PrefixIndex,
     loads: Vec<HostLoad>,
-    use_reports: bool,
+    use_reports: super::prefix_router::Reports,
     /// Chains of routed requests until their first token, with the host
     /// they were sent to and their prompt tokens.
     pending: BTreeMap<u64, (Vec<u64>, usize, u64)>,
