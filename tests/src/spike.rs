@@ -52,7 +52,7 @@ pub struct SpikeOptions {
     pub doc_bytes: usize,
     /// Clients keeping the spiked replica busy.
     pub loopers: usize,
-    /// `cost.queue`: `"requests"` (default) or `"tokens"`.
+    /// `cost.queue`: `"tokens"` (default, the filter's) or `"requests"`.
     pub queue: String,
 }
 
@@ -64,7 +64,7 @@ impl Default for SpikeOptions {
             new: 24,
             doc_bytes: 64 * 1024,
             loopers: 8,
-            queue: "requests".to_string(),
+            queue: "tokens".to_string(),
         }
     }
 }

@@ -1097,11 +1097,11 @@ fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() 
         cost: false,
         ..SpikeOptions::default()
     }));
-    let requests = ok(spike::run(&SpikeOptions::default()));
-    // cost.queue = tokens: the queue this proxy did not cause reaches the estimate through the
-    // scraped report (pending tokens = max(own, reported x service_s x prefill rate)).
-    let tokens = ok(spike::run(&SpikeOptions {
-        queue: "tokens".to_string(),
+    // cost.queue = tokens (the default): the queue this proxy did not cause reaches the
+    // estimate through the scraped report (waiting requests beyond this proxy's own).
+    let tokens = ok(spike::run(&SpikeOptions::default()));
+    let requests = ok(spike::run(&SpikeOptions {
+        queue: "requests".to_string(),
         ..SpikeOptions::default()
     }));
     for cost in [&requests, &tokens] {

@@ -30,11 +30,11 @@
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
 //! | `cost.mode` | `off` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]); `off`: plain bounded loads |
-//! | `cost.candidates` | 3 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
+//! | `cost.candidates` | 6 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
 //! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
 //! | `cost.bytes_per_token` | 4 | prompt bytes per token |
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
-//! | `cost.queue` | `requests` | the queue term: `requests` = effective load x `service_s`; `tokens` = prompt tokens this router sent to the host that have not yet produced a first token / `prefill_tokens_per_s` (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end), plus the host's fresh reported waiting requests beyond this router's own in-flight requests there (work other proxies or clients sent) x `service_s` x `prefill_tokens_per_s`, all / `prefill_tokens_per_s`; the bound still counts requests |
+//! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are those this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
 //! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound (simulator's in-memory index only) |
@@ -223,7 +223,7 @@ fn d_cost_mode() -> String {
     "off".into()
 }
 fn d_cost_queue() -> String {
-    "requests".into()
+    "tokens".into()
 }
 fn d_index_buckets() -> u32 {
     4096
@@ -232,7 +232,7 @@ fn d_bucket_entries() -> u32 {
     8
 }
 fn d_candidates() -> u32 {
-    3
+    6
 }
 fn d_prefill_tps() -> f64 {
     16_000.0
@@ -1092,12 +1092,13 @@ mod tests {
         assert_eq!(c.cost.params.candidates, 4);
         assert_eq!(c.cost.params.service_s, 0.25);
         assert_eq!(c.cost.index.stride_bytes(), 1024);
-        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Requests);
+        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Tokens);
         let c = Config::from_json(
-            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"on","queue":"tokens"}}"#,
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"on","queue":"requests"}}"#,
         )
         .unwrap();
-        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Tokens);
+        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Requests);
+        assert_eq!(c.cost.params.candidates, 6);
         for (json, field) in [
             (r#"{"mode":"maybe"}"#, "cost.mode"),
             (r#"{"queue":"bytes"}"#, "cost.queue"),

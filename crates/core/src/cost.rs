@@ -128,10 +128,10 @@ pub const EPSILON_S: f64 = 1e-9;
 /// How the queue term counts the work ahead of a new request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum QueueMode {
-    /// `load * service_s` (default).
-    #[default]
+    /// `load * service_s`.
     Requests,
-    /// `pending_prefill_tokens / prefill_tokens_per_s`.
+    /// `pending_prefill_tokens / prefill_tokens_per_s` (default).
+    #[default]
     Tokens,
 }
 
@@ -159,8 +159,8 @@ impl Default for CostParams {
             prefill_tokens_per_s: 16_000.0,
             bytes_per_token: 4.0,
             service_s: 0.5,
-            candidates: 3,
-            queue: QueueMode::Requests,
+            candidates: 6,
+            queue: QueueMode::Tokens,
         }
     }
 }
@@ -325,7 +325,10 @@ mod tests {
 
     #[test]
     fn worked_example() {
-        let p = CostParams::default();
+        let p = CostParams {
+            queue: QueueMode::Requests,
+            ..CostParams::default()
+        };
         assert!((p.ttft_s(3, 48_000, 40_000) - 1.625).abs() < 1e-12);
         assert!((p.ttft_s(1, 48_000, 0) - 1.25).abs() < 1e-12);
         assert!((p.ttft_s(2, 48_000, 40_000) - 1.125).abs() < 1e-12);
@@ -403,7 +406,10 @@ mod tests {
         assert!((p.estimate_s(3, 6_000, 48_000, 40_000) - 0.5).abs() < 1e-12);
         assert!((p.estimate_s(1, 24_000, 48_000, 0) - 2.25).abs() < 1e-12);
         // Requests mode ignores pending tokens and equals `ttft_s`.
-        let q = CostParams::default();
+        let q = CostParams {
+            queue: QueueMode::Requests,
+            ..CostParams::default()
+        };
         assert_eq!(
             q.estimate_s(3, 6_000, 48_000, 40_000),
             q.ttft_s(3, 48_000, 40_000)

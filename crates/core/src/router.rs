@@ -661,9 +661,23 @@ mod tests {
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 2);
         assert_eq!(d.outcome(), "spill");
         assert!(matches!(d, Decision::Routed { host, skipped: 1, .. } if host == walk[1]));
-        // A long queue there outweighs the ~1,000 cached tokens (0.07 s).
+        // A long queue there outweighs the ~1,000 cached tokens (0.07 s):
+        // 3 requests' worth of prefill ahead (the default token queue) ...
         let mut busy = idle.clone();
         busy[walk[1]].inflight = 3;
+        busy[walk[1]].pending_prefill_tokens = 3 * 2_000;
+        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
+        assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
+        // ... or 3 requests in flight with `cost.queue: requests`.
+        let hosts: Vec<String> = (0..4)
+            .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
+            .collect();
+        let json = format!(
+            r#"{{"hosts":[{}],"cost":{{"mode":"on","queue":"requests","stride_chunks":1}}}}"#,
+            hosts.join(",")
+        );
+        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        busy[walk[1]].pending_prefill_tokens = 0;
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
     }

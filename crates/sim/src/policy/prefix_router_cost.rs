@@ -12,9 +12,9 @@
 //! proxy's in-flight count, the replica's reported `num_requests_waiting`).
 //!
 //! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
-//! ...), plus `candidates` (3), `service_s` (0.5), `prefill_tps` (16000),
+//! ...), plus `candidates` (6), `service_s` (0.5), `prefill_tps` (16000),
 //! `stride` (index stride in chunks, 16), `host_tokens` (400000),
-//! `max_entries` (65536), `queue` (`requests` | `tokens`, see
+//! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`). Defaults are the core's `cost` defaults.
 //!
 //! With `queue=tokens` the policy tracks, per host, the prompt tokens
@@ -227,9 +227,10 @@ mod tests {
     #[test]
     fn queue_option() {
         let p = Params::parse(&opts(&[])).unwrap();
-        assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
-        let p = Params::parse(&opts(&[("queue", "tokens")])).unwrap();
         assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Tokens);
+        assert_eq!(p.config(4).unwrap().cost.params.candidates, 6);
+        let p = Params::parse(&opts(&[("queue", "requests")])).unwrap();
+        assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
         let e = Params::parse(&opts(&[("queue", "bytes")])).unwrap_err();
         assert!(e.0.contains("cost.queue"), "{}", e.0);
     }
