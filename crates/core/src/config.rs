@@ -1158,6 +1158,10 @@ mod example_files {
                 "filter-sglang.json",
                 include_str!("../../../examples/filter-sglang.json"),
             ),
+            (
+                "filter-cost.json",
+                include_str!("../../../examples/filter-cost.json"),
+            ),
         ] {
             let c = Config::from_json(json.as_bytes());
             assert!(c.is_ok(), "{name}: {c:?}");
@@ -1176,5 +1180,15 @@ mod example_files {
         defaults.key.session_header = Some("x-session-id".into());
         assert_eq!(defaults.compile().unwrap(), full);
         assert_eq!(full.api_for_path("/v1/messages"), Some(Api::Messages));
+        let cost = Config::from_json(include_bytes!("../../../examples/filter-cost.json")).unwrap();
+        assert!(cost.cost.enabled);
+        assert_eq!(cost.cost.params.queue, crate::cost::QueueMode::Tokens);
+        assert_eq!(cost.cost.params.candidates, 6);
+        let scrape = cost
+            .scrape
+            .as_ref()
+            .expect("filter-cost.json has a scrape section");
+        assert_eq!(scrape.cluster, "llm");
+        assert!(!scrape.restart_metrics.is_empty());
     }
 }
