@@ -1021,7 +1021,8 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(json!({"cost": {"mode": "on"}})),
+            // Every boundary recorded (no thinning), so a few prompts fill the index.
+            filter: FilterConfig::Patched(json!({"cost": {"mode": "on", "dense_boundaries": 0}})),
             ..EnvoyOptions::default()
         }),
     }));

@@ -36,6 +36,7 @@
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
 //! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are those this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
+//! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
 //! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
 //! | `cost.host_tokens` | 400000 | tokens of prefixes remembered per host (~ a replica's KV cache); 0 = no per-host bound (simulator's in-memory index only) |
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
@@ -186,6 +187,8 @@ pub struct RawCost {
     pub service_s: f64,
     #[serde(default = "d_stride")]
     pub stride_chunks: u32,
+    #[serde(default = "d_dense")]
+    pub dense_boundaries: u32,
     #[serde(default = "d_max_entries")]
     pub max_entries: u64,
     #[serde(default = "d_host_tokens")]
@@ -209,6 +212,7 @@ impl Default for RawCost {
             bytes_per_token: d_bytes_per_token(),
             service_s: d_service_s(),
             stride_chunks: d_stride(),
+            dense_boundaries: d_dense(),
             max_entries: d_max_entries(),
             host_tokens: d_host_tokens(),
             max_age_ms: 0,
@@ -244,6 +248,9 @@ fn d_service_s() -> f64 {
     0.5
 }
 fn d_stride() -> u32 {
+    16
+}
+fn d_dense() -> u32 {
     16
 }
 fn d_max_entries() -> u64 {
@@ -316,6 +323,15 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be >= 0 and <= 3600 (seconds)",
         ));
     }
+    if c.dense_boundaries != 0
+        && (!c.dense_boundaries.is_multiple_of(2) || c.dense_boundaries > 65_536)
+    {
+        return Err(err(
+            "cost.dense_boundaries",
+            c.dense_boundaries,
+            "must be 0 (keep every boundary) or an even number up to 65536",
+        ));
+    }
     if !(1..=65_536).contains(&c.stride_chunks) {
         return Err(err(
             "cost.stride_chunks",
@@ -356,6 +372,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
     }
     let index = crate::index::IndexConfig {
         stride_chunks: c.stride_chunks,
+        dense_boundaries: c.dense_boundaries,
         chunk_bytes,
         max_entries: usize::try_from(c.max_entries).unwrap_or(usize::MAX),
         host_tokens: c.host_tokens,
@@ -376,6 +393,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             buckets: c.index_buckets,
             bucket_entries: c.bucket_entries,
             stride_bytes: index.stride_bytes(),
+            dense_boundaries: c.dense_boundaries,
             max_age_ms: c.max_age_ms,
         },
     })
@@ -1107,6 +1125,7 @@ mod tests {
             (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
+            (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),
             (r#"{"max_age_ms":100000000000}"#, "cost.max_age_ms"),
             (r#"{"index_buckets":0}"#, "cost.index_buckets"),

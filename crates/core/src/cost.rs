@@ -315,6 +315,7 @@ mod tests {
     fn ix() -> PrefixIndex {
         PrefixIndex::new(IndexConfig {
             stride_chunks: 1,
+            dense_boundaries: 0,
             chunk_bytes: 1000,
             max_entries: 10_000,
             host_tokens: 0,

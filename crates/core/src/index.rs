@@ -12,6 +12,22 @@
 //! ([`PrefixIndex::observe`], on the response), not from the routing
 //! decision, so a spill or a fallback teaches it the truth.
 //!
+//! ## Thinning deep boundaries (`cost.dense_boundaries`, default 16)
+//! Every lookup and observation touches each recorded boundary, which in
+//! the Envoy filter is one shared-data call each: linear in the prompt
+//! length (a 1 MiB prompt has 1,024 boundaries at 1 KiB). So only the
+//! first `D` boundaries are kept at every stride; beyond them the spacing
+//! doubles each time the depth doubles: boundary number `b` (1-based, in
+//! strides) is kept if `b <= D`, or if `b` is a multiple of `2^t` where
+//! `2^(t-1) D < b <= 2^t D`. With `D = 16`: every 1 KiB up to 16 KiB, every
+//! 2 KiB up to 32 KiB, every 4 KiB up to 64 KiB, ...: 40 boundaries for a
+//! 128 KiB prompt instead of 128, 64 for 1 MiB instead of 1,024. The schedule
+//! depends only on `b`, so turn `N` and turn `N + 1` share their boundaries;
+//! a match is rounded down to a kept boundary, which under-credits a cached
+//! prefix by at most `2 / D` of its length (12.5 % at `D = 16`). `D = 0`
+//! keeps every boundary. [`thin`] applies it, [`boundary_number`] maps the
+//! `j`-th kept boundary back to its depth.
+//!
 //! ## Lookup
 //! [`PrefixIndex::lookup`] probes the request's boundary hashes from the
 //! longest down and returns, per host, the longest recorded prefix in
@@ -44,11 +60,63 @@
 
 use std::collections::BTreeMap;
 
+/// Whether boundary number `b` (1-based, in strides) is kept when the
+/// first `dense` boundaries are kept at every stride and the spacing then
+/// doubles each time the depth doubles (see the module docs). `dense` 0
+/// keeps every boundary; an odd `dense` is treated as the next even number.
+pub fn boundary_kept(b: u64, dense: u32) -> bool {
+    let d = u64::from(dense);
+    if d == 0 || b <= d {
+        return b > 0;
+    }
+    let d = d + (d & 1);
+    // Smallest t >= 1 with b <= 2^t d; the spacing there is 2^t.
+    let mut t = 1u32;
+    while t < 63 && b > (d << t) {
+        t += 1;
+    }
+    b.is_multiple_of(1u64 << t)
+}
+
+/// The depth (boundary number, 1-based, in strides) of the `j`-th kept
+/// boundary (0-based), the inverse of [`thin`]'s selection.
+pub fn boundary_number(j: usize, dense: u32) -> u64 {
+    let j = j as u64;
+    let d = u64::from(dense);
+    if d == 0 || j < d {
+        return j + 1;
+    }
+    let d = d + (d & 1);
+    // Each tier t >= 1 keeps d / 2 boundaries, at 2^(t-1) d + i 2^t, i = 1..=d/2.
+    let half = d / 2;
+    let k = j - d;
+    let t = 1 + k / half;
+    let i = k % half + 1;
+    if t >= 63 {
+        return u64::MAX;
+    }
+    (d << (t - 1)).saturating_add(i.saturating_mul(1u64 << t))
+}
+
+/// Keep the boundaries [`boundary_kept`] selects from a full strided
+/// history (`h_s, h_2s, ...`).
+pub fn thin(history: &[u64], dense: u32) -> Vec<u64> {
+    history
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| boundary_kept(*i as u64 + 1, dense))
+        .map(|(_, h)| *h)
+        .collect()
+}
+
 /// Index bounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct IndexConfig {
     /// Chunks between recorded boundaries (>= 1).
     pub stride_chunks: u32,
+    /// Boundaries kept at every stride before thinning (0: all; see the
+    /// module docs).
+    pub dense_boundaries: u32,
     /// Bytes per chunk (the config's `chunk_bytes`).
     pub chunk_bytes: u32,
     /// Most `(prefix, host)` entries kept in total (>= 1).
@@ -66,6 +134,7 @@ impl Default for IndexConfig {
     fn default() -> Self {
         IndexConfig {
             stride_chunks: 16,
+            dense_boundaries: 16,
             chunk_bytes: 64,
             max_entries: 1 << 16,
             host_tokens: 400_000,
@@ -79,6 +148,11 @@ impl IndexConfig {
     /// Bytes between boundaries.
     pub fn stride_bytes(&self) -> u64 {
         u64::from(self.stride_chunks.max(1)) * u64::from(self.chunk_bytes.max(1))
+    }
+
+    /// Prompt bytes through the `j`-th kept boundary (0-based).
+    pub fn boundary_bytes(&self, j: usize) -> u64 {
+        boundary_number(j, self.dense_boundaries).saturating_mul(self.stride_bytes())
     }
 
     /// Tokens one entry stands for (at least 1).
@@ -276,12 +350,11 @@ impl PrefixIndex {
 
     /// For each host in `hosts`, the longest recorded prefix of this
     /// request (boundary hashes `hashes`, shortest first) it holds, in
-    /// bytes (`boundaries * stride_bytes`; 0 if none). Probes from the
+    /// bytes (through its deepest kept boundary; 0 if none). Probes from the
     /// longest boundary down, stopping when every host has a match.
     pub fn lookup(&self, hashes: &[u64], hosts: &[usize], now_ms: u64) -> Vec<u64> {
         let mut out = vec![0u64; hosts.len()];
         let mut left = hosts.len();
-        let stride = self.cfg.stride_bytes();
         for (j, p) in hashes.iter().enumerate().rev() {
             if left == 0 {
                 break;
@@ -297,7 +370,7 @@ impl PrefixIndex {
                     if *want == h as usize {
                         if let Some(o) = out.get_mut(i) {
                             if *o == 0 {
-                                *o = (j as u64 + 1) * stride;
+                                *o = self.cfg.boundary_bytes(j);
                                 left -= 1;
                             }
                         }
@@ -319,12 +392,59 @@ impl PrefixIndex {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn thinning_schedule_is_consistent() {
+        for d in [0u32, 2, 4, 16, 64] {
+            let mut prev = 0u64;
+            let mut kept = 0usize;
+            for b in 1..=5000u64 {
+                if boundary_kept(b, d) {
+                    assert_eq!(boundary_number(kept, d), b, "d={d} j={kept}");
+                    kept += 1;
+                    if d > 0 && prev > 0 {
+                        // The gap below a kept boundary is at most 2/d of it.
+                        assert!((b - prev) as f64 <= 2.0 / f64::from(d) * b as f64 + 1.0);
+                    }
+                    prev = b;
+                }
+            }
+            if d == 0 {
+                assert_eq!(kept, 5000);
+            }
+        }
+        let count = |n: u64, d: u32| (1..=n).filter(|b| boundary_kept(*b, d)).count();
+        assert_eq!(count(16, 16), 16);
+        assert_eq!(count(128, 16), 40);
+        assert_eq!(count(1024, 16), 64);
+        assert_eq!(boundary_number(16, 16), 18);
+        assert_eq!(boundary_number(24, 16), 36);
+        assert_eq!(thin(&[1, 2, 3, 4, 5, 6, 7, 8], 2), vec![1, 2, 4, 8]);
+        assert_eq!(thin(&[1, 2, 3], 0), vec![1, 2, 3]);
+        assert!(boundary_number(usize::MAX, 2) == u64::MAX);
+    }
+
+    #[test]
+    fn thinned_lookup_reports_the_depth_in_bytes() {
+        let cfg = IndexConfig {
+            stride_chunks: 1,
+            chunk_bytes: 1024,
+            dense_boundaries: 2,
+            ..IndexConfig::default()
+        };
+        let mut ix = PrefixIndex::new(cfg);
+        // 8 KiB prompt: kept boundaries at 1, 2, 4, 8 KiB.
+        let chain = thin(&(1..=8).collect::<Vec<u64>>(), 2);
+        ix.observe(3, &chain[..3], 0); // served the first 4 KiB
+        assert_eq!(ix.lookup(&chain, &[3, 1], 0), vec![4096, 0]);
+    }
+
     use super::*;
     use proptest::prelude::*;
 
     fn cfg(max_entries: usize, host_tokens: u64) -> IndexConfig {
         IndexConfig {
             stride_chunks: 1,
+            dense_boundaries: 0,
             chunk_bytes: 4,
             max_entries,
             host_tokens,

@@ -322,7 +322,12 @@ impl Router {
             (Err(ExtractError::EmptyPrompt), None) => return Err(FallbackCause::EmptyPrompt),
         };
         let chain = PromptChain {
-            hashes: sink.chain_history().to_vec(),
+            hashes: match stride {
+                Some(_) => {
+                    crate::index::thin(sink.chain_history(), self.cfg.cost.index.dense_boundaries)
+                }
+                None => Vec::new(),
+            },
             bytes: sink.stream_bytes(),
         };
         if let Some(key) = session_key {

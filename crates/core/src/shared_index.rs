@@ -169,6 +169,9 @@ pub struct SharedIndexConfig {
     pub bucket_entries: u32,
     /// Bytes between recorded boundaries (stride x chunk bytes).
     pub stride_bytes: u64,
+    /// Boundaries kept at every stride before thinning
+    /// ([`crate::index::boundary_number`]; 0: all).
+    pub dense_boundaries: u32,
     /// Entries older than this are ignored by lookups (0: never).
     pub max_age_ms: u64,
 }
@@ -179,6 +182,7 @@ impl Default for SharedIndexConfig {
             buckets: 4096,
             bucket_entries: 8,
             stride_bytes: 1024,
+            dense_boundaries: 16,
             max_age_ms: 0,
         }
     }
@@ -396,7 +400,8 @@ impl SharedIndexConfig {
                     if *want == usize::from(e.host) {
                         if let Some(o) = out.get_mut(i) {
                             if *o == 0 {
-                                *o = (j as u64 + 1).saturating_mul(self.stride_bytes);
+                                *o = crate::index::boundary_number(j, self.dense_boundaries)
+                                    .saturating_mul(self.stride_bytes);
                                 left = left.saturating_sub(1);
                             }
                         }
@@ -541,6 +546,7 @@ mod tests {
             buckets,
             bucket_entries: n,
             stride_bytes: 1000,
+            dense_boundaries: 0,
             max_age_ms: 0,
         }
     }

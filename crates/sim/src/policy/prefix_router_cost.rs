@@ -13,7 +13,8 @@
 //!
 //! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
 //! ...), plus `candidates` (6), `service_s` (0.5), `prefill_tps` (16000),
-//! `stride` (index stride in chunks, 16), `host_tokens` (400000),
+//! `stride` (index stride in chunks, 16), `dense` (boundaries kept before
+//! thinning, 16; 0 keeps all), `host_tokens` (400000),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`). Defaults are the core's `cost` defaults.
 //!
@@ -44,6 +45,7 @@ pub struct Params {
     pub service_s: f64,
     pub prefill_tps: f64,
     pub stride_chunks: u32,
+    pub dense_boundaries: u32,
     pub host_tokens: u64,
     pub max_entries: u64,
     pub queue: String,
@@ -58,6 +60,7 @@ impl Params {
             service_s: d.service_s,
             prefill_tps: d.prefill_tokens_per_s,
             stride_chunks: d.stride_chunks,
+            dense_boundaries: d.dense_boundaries,
             host_tokens: d.host_tokens,
             max_entries: d.max_entries,
             queue: d.queue,
@@ -69,6 +72,7 @@ impl Params {
                 "service_s" => p.service_s = num(k, v)?,
                 "prefill_tps" => p.prefill_tps = num(k, v)?,
                 "stride" => p.stride_chunks = num(k, v)? as u32,
+                "dense" => p.dense_boundaries = num(k, v)? as u32,
                 "host_tokens" => p.host_tokens = num(k, v)? as u64,
                 "max_entries" => p.max_entries = num(k, v)? as u64,
                 "queue" => p.queue = v.clone(),
@@ -89,6 +93,7 @@ impl Params {
         raw.cost.service_s = self.service_s;
         raw.cost.prefill_tokens_per_s = self.prefill_tps;
         raw.cost.stride_chunks = self.stride_chunks;
+        raw.cost.dense_boundaries = self.dense_boundaries;
         raw.cost.host_tokens = self.host_tokens;
         raw.cost.max_entries = self.max_entries;
         raw.cost.queue = self.queue.clone();
