@@ -193,8 +193,19 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             "prefix-router-cost",
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "on"}})),
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+        (
+            // The same, recording every index boundary (no thinning of deep boundaries).
+            "prefix-router-cost-all",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
                 filter: FilterConfig::Patched(
-                    serde_json::json!({"cost": {"mode": "on", "queue": "tokens"}}),
+                    serde_json::json!({"cost": {"mode": "on", "dense_boundaries": 0}}),
                 ),
                 concurrency: 1,
                 log_level: "warn".into(),
@@ -228,8 +239,8 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
          latency = client write to full response read, loopback, keep-alive, TCP_NODELAY\n\n",
         opts.rounds, opts.per_round
     ));
-    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router p50 / p90 | prefix-router-cost p50 / p90 | prefix-router - noop (p50) | prefix-router - buffer (p50) | cost - prefix-router (p50) | noop - no-filter (p50) |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router p50 / p90 | prefix-router-cost p50 / p90 | prefix-router-cost-all p50 / p90 | prefix-router - noop (p50) | prefix-router - buffer (p50) | cost - prefix-router (p50) | cost-all - prefix-router (p50) | noop - no-filter (p50) |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &size in &opts.sizes {
         let bodies: Vec<String> = (0..opts.per_round).map(|i| body(size, i)).collect();
         let actual = bodies.first().map(|b| b.len()).unwrap_or(0);
@@ -259,7 +270,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         let p50: Vec<f64> = lat.iter().map(|l| pct(l, 0.5)).collect();
         let p90: Vec<f64> = lat.iter().map(|l| pct(l, 0.9)).collect();
         out.push_str(&format!(
-            "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
+            "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
             actual as f64 / 1000.0,
             p50[0],
             p90[0],
@@ -271,9 +282,12 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             p90[3],
             p50[4],
             p90[4],
+            p50[5],
+            p90[5],
             p50[3] - p50[1],
             p50[3] - p50[2],
             p50[4] - p50[3],
+            p50[5] - p50[3],
             p50[1] - p50[0]
         ));
     }
