@@ -258,13 +258,22 @@ fn demo(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn overhead(args: &[String]) -> Result<(), String> {
-    let mut opts = prefix_router_lab::overhead::OverheadOptions::default();
+/// `--flag value` pairs (every flag of `overhead` and `spike` takes a value).
+fn flag_values(args: &[String]) -> Result<Vec<(&str, &str)>, String> {
+    let mut out = Vec::new();
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        out.push((flag.as_str(), v.as_str()));
+    }
+    Ok(out)
+}
+
+fn overhead(args: &[String]) -> Result<(), String> {
+    let mut opts = prefix_router_lab::overhead::OverheadOptions::default();
+    for (flag, v) in flag_values(args)? {
         let bad = || format!("bad value for {flag}: {v}");
-        match flag.as_str() {
+        match flag {
             "--rounds" => opts.rounds = v.parse().map_err(|_| bad())?,
             "--per-round" => opts.per_round = v.parse().map_err(|_| bad())?,
             "--sizes" => {
@@ -284,16 +293,14 @@ fn overhead(args: &[String]) -> Result<(), String> {
 fn spike(args: &[String]) -> Result<(), String> {
     use prefix_router_lab::spike::{self, SpikeOptions};
     let mut opts = SpikeOptions::default();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+    for (flag, v) in flag_values(args)? {
         let bad = || format!("bad value for {flag}: {v}");
-        match flag.as_str() {
+        match flag {
             "--old" => opts.old = v.parse().map_err(|_| bad())?,
             "--new" => opts.new = v.parse().map_err(|_| bad())?,
             "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
             "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
-            "--queue" => opts.queue = v.clone(),
+            "--queue" => opts.queue = v.to_string(),
             other => return Err(format!("unknown option {other}")),
         }
     }

@@ -584,11 +584,16 @@ mod tests {
     }
 
     fn cost_router(n: usize, mode: &str) -> Router {
+        cost_router_with(n, &format!(r#""mode":"{mode}""#))
+    }
+
+    /// `n` hosts, `cost` = `{<fields>, "stride_chunks": 1}`.
+    fn cost_router_with(n: usize, fields: &str) -> Router {
         let hosts: Vec<String> = (0..n)
             .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
             .collect();
         let json = format!(
-            r#"{{"hosts":[{}],"cost":{{"mode":"{mode}","stride_chunks":1}}}}"#,
+            r#"{{"hosts":[{}],"cost":{{{fields},"stride_chunks":1}}}}"#,
             hosts.join(",")
         );
         Router::new(Config::from_json(json.as_bytes()).unwrap())
@@ -674,14 +679,7 @@ mod tests {
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
         // ... or 3 requests in flight with `cost.queue: requests`.
-        let hosts: Vec<String> = (0..4)
-            .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
-            .collect();
-        let json = format!(
-            r#"{{"hosts":[{}],"cost":{{"mode":"on","queue":"requests","stride_chunks":1}}}}"#,
-            hosts.join(",")
-        );
-        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let r = cost_router_with(4, r#""mode":"on","queue":"requests""#);
         busy[walk[1]].pending_prefill_tokens = 0;
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
@@ -692,14 +690,7 @@ mod tests {
         // cost.queue = tokens: the owner's reported queue (work this router
         // did not send) is priced at service_s per request and moves a new
         // conversation; without the report the owner keeps it.
-        let hosts: Vec<String> = (0..4)
-            .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
-            .collect();
-        let json = format!(
-            r#"{{"hosts":[{}],"cost":{{"mode":"on","queue":"tokens","stride_chunks":1}}}}"#,
-            hosts.join(",")
-        );
-        let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+        let r = cost_router_with(4, r#""mode":"on","queue":"tokens""#);
         let ix = r.new_index();
         let body = chat(&"new conversation ".repeat(200), 1);
         let idle = vec![HostLoad::default(); 4];
