@@ -708,28 +708,24 @@ mod tests {
             queue: 2.0,
             at_ms: 0,
         });
-        let (d, _) = r.decide_with_cost(
-            Api::ChatCompletions,
-            body.as_bytes(),
-            None,
-            &reported,
-            &ix,
-            1,
-        );
+        let at = |now_ms: u64| {
+            r.decide_with_cost(
+                Api::ChatCompletions,
+                body.as_bytes(),
+                None,
+                &reported,
+                &ix,
+                now_ms,
+            )
+            .0
+        };
+        let d = at(1);
         assert!(
             matches!(d, Decision::Routed { host, skipped: 1, .. } if host != owner),
             "{d:?}"
         );
         // A stale report (past load.report_ttl_ms) no longer counts.
-        let stale_at = 1 + r.config().load.report_ttl_ms + 1;
-        let (d, _) = r.decide_with_cost(
-            Api::ChatCompletions,
-            body.as_bytes(),
-            None,
-            &reported,
-            &ix,
-            stale_at,
-        );
+        let d = at(1 + r.config().load.report_ttl_ms + 1);
         assert!(matches!(d, Decision::Routed { host, skipped: 0, .. } if host == owner));
     }
 
