@@ -2,7 +2,7 @@
 //! token.
 //!
 //! ## Algorithm
-//! Candidates are the first `candidates` hosts (default 3) on the key's
+//! Candidates are the first `candidates` hosts (default 6) on the key's
 //! clockwise ring walk ([`Ring::walk`]) that are eligible (not ejected) and
 //! under their bounded-load capacity ([`Ring::capacity`]): the ring owner
 //! first, then its successors. For each candidate `h` the router estimates
@@ -12,8 +12,9 @@
 //!        + max(0, prompt_tokens - cached_tokens_h) / prefill_tokens_per_s
 //! ```
 //!
-//! (with `cost.queue = "requests"`, the default; see "Token-aware queue"
-//! below for `"tokens"`), where `load_h` is the effective load of
+//! (with `cost.queue = "requests"`; the default `"tokens"` replaces the
+//! first term, see "Token-aware queue" below), where `load_h` is the
+//! effective load of
 //! [`crate::load::HostLoad`]
 //! (`max(in-flight, fresh reported queue)`), `prompt_tokens = prompt bytes /
 //! bytes_per_token`, and `cached_tokens_h` is the longest prefix of this
@@ -37,18 +38,21 @@
 //!
 //! ## Complexity
 //! The ring walk until `candidates` qualifying hosts are found (usually
-//! `candidates` steps), one index lookup of O(k / stride) map probes for a
-//! prompt of k chunks, and O(candidates) arithmetic.
+//! `candidates` steps), one index lookup of O(b) probes for a prompt of b
+//! kept boundaries (b = k / stride up to `cost.dense_boundaries`, then
+//! logarithmic in k: [`crate::index`]), and O(candidates) arithmetic.
 //!
 //! ## Trade-offs
 //! - Only ring neighbours are candidates, not the whole fleet: a key's
 //!   cache can only ever be on one of `candidates` hosts (plus spills), so
 //!   proxies and restarts keep agreeing, and a host outside the key's walk
 //!   is never loaded with its prefixes. Dynamo and GIE score every host.
-//! - By default queue wait is counted in requests times a fixed service
-//!   time, not in queued prefill tokens (a replica's report does not give
-//!   the queued requests' lengths; `cost.queue = "tokens"` uses the
-//!   router's own pending prompt tokens instead, see above); `service_s` is the mean uncached prefill time of a request.
+//! - With `cost.queue = "requests"` queue wait is counted in requests times
+//!   a fixed service time, not in queued prefill tokens (a replica's report
+//!   does not give the queued requests' lengths; the default `"tokens"`
+//!   uses the router's own pending prompt tokens instead, see below, and
+//!   prices only others' reported requests at `service_s`); `service_s` is
+//!   the mean uncached prefill time of a request.
 //!   The default 0.5 s is 8,000 uncached tokens at 16,000 tokens/s: a
 //!   typical multi-turn chat prompt (the Mooncake conversation trace
 //!   averages 12,000 prompt tokens, of which ~10,500 are uncached at
@@ -61,7 +65,7 @@
 //!   responses, and the index does not see evictions (bounded by
 //!   `host_tokens` in the simulator, by its buckets in the filter).
 //!
-//! ## Token-aware queue (`cost.queue = "tokens"`)
+//! ## Token-aware queue (`cost.queue = "tokens"`, the default)
 //! Prompts differ by two orders of magnitude (the Mooncake trace: 891 to
 //! 126,000 tokens), so a count of requests says little about the prefill
 //! work ahead of a newcomer. With `QueueMode::Tokens` the queue term is

@@ -31,7 +31,7 @@
 //! ## Lookup
 //! [`PrefixIndex::lookup`] probes the request's boundary hashes from the
 //! longest down and returns, per host, the longest recorded prefix in
-//! bytes: O(k / stride) map lookups, stopping early once every host asked
+//! bytes: one map lookup per kept boundary (see thinning above), stopping early once every host asked
 //! about has a match. A match at boundary `j` is trusted without checking
 //! the shorter boundaries (they are normally present: they are recorded
 //! together and evicted deepest-first).
