@@ -43,7 +43,10 @@
 //!   ending at its boundary (`stride * chunk_bytes / bytes_per_token`
 //!   tokens), and a host's oldest entries beyond its budget are evicted,
 //!   approximating the replica's own LRU KV cache (which cannot hold more
-//!   than its capacity either).
+//!   than its capacity either). With thinning a deep entry stands for
+//!   several strides but is still counted as one, so for prompts longer
+//!   than `dense_boundaries` strides the budget lets the index believe a
+//!   host holds more than `host_tokens`.
 //!
 //! Within one observation the deepest boundary gets the oldest stamp, so a
 //! prompt's tail is evicted before its head, as a replica's LRU does.
