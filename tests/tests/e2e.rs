@@ -1021,8 +1021,11 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            // Every boundary recorded (no thinning), so a few prompts fill the index.
-            filter: FilterConfig::Patched(json!({"cost": {"mode": "on", "dense_boundaries": 0}})),
+            // Every boundary recorded (no thinning), so a few prompts fill the index; no
+            // per-host capacity horizon: this test is about the buckets' bound.
+            filter: FilterConfig::Patched(json!({
+                "cost": {"mode": "on", "dense_boundaries": 0, "host_tokens": 0}
+            })),
             ..EnvoyOptions::default()
         }),
     }));
@@ -1382,4 +1385,100 @@ fn two_proxies_with_separate_indexes_keep_a_conversation_on_one_replica() {
         replicas_used.len() >= 2,
         "all conversations on one replica: {replicas_used:?}"
     );
+}
+
+// 18. The index forgets what a replica's LRU cache has evicted: with `cost.host_tokens` set
+//     to the replicas' cache size, a conversation's prefix stops being credited once enough
+//     new tokens have gone through its replica; without it (`host_tokens: 0`) the index keeps
+//     crediting a prefix the replica no longer holds.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn capacity_horizon_follows_the_replicas_lru() {
+    let _g = serial();
+    require_artifacts(true);
+    let cache = 8192u64;
+    // (index credit, replica's cached tokens) for the late turn of the first conversation.
+    let run = |label: &str, host_tokens: u64| -> (Option<u64>, Option<u64>, f64) {
+        let lab = ok(Lab::start(&LabOptions {
+            label: label.to_string(),
+            backends: 4,
+            backend: BackendOptions {
+                cache_tokens: cache,
+                ..backend_opts()
+            },
+            envoy: Some(EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(
+                    json!({"cost": {"mode": "on", "host_tokens": host_tokens}}),
+                ),
+                ..EnvoyOptions::default()
+            }),
+        }));
+        let agent = http::agent(Duration::from_secs(60));
+        let url = ok(lab.envoy()).url("/v1/chat/completions");
+        let system = json!({"role": "system", "content": "You are a terse assistant."});
+        let doc = |i: usize| format!("document {i:03}: {}", "the quick brown fox ".repeat(200));
+        let send = |messages: &[serde_json::Value]| {
+            let mut rec = RequestRecord::default();
+            workload::send_streaming(
+                &agent,
+                &url,
+                &chat_body("sim-llm", messages, 4),
+                &[],
+                &mut rec,
+            );
+            assert!(rec.ok(), "{label}: {:?}", rec.error);
+            rec
+        };
+        // The first conversation: two turns, cached on its replica.
+        let mut first = vec![system.clone(), json!({"role": "user", "content": doc(0)})];
+        let t1 = send(&first);
+        first.push(json!({"role": "assistant", "content": t1.reply}));
+        first.push(json!({"role": "user", "content": "and?"}));
+        let t2 = send(&first);
+        assert!(
+            t2.cached_tokens.unwrap_or(0) > 0 && cached_field(&t2).unwrap_or(0) > 0,
+            "{label}: the second turn was not a hit: {:?} {:?}",
+            t2.cached_tokens,
+            t2.decision
+        );
+        // 120 new conversations of ~1,000 tokens each: about 30,000 tokens per replica (the
+        // ring's shares are uneven; the smallest still gets well over its 8,192-token cache).
+        for i in 1..=120 {
+            send(&[system.clone(), json!({"role": "user", "content": doc(i)})]);
+        }
+        first.push(json!({"role": "assistant", "content": t2.reply}));
+        first.push(json!({"role": "user", "content": "and then?"}));
+        let t3 = send(&first);
+        eprintln!(
+            "{label}: late turn on {:?}: index credit {:?}, replica cached {:?} ({:?})",
+            t3.backend,
+            cached_field(&t3),
+            t3.cached_tokens,
+            t3.decision
+        );
+        let moves = filter_counter(&lab, &["prefix_router", "index", "forget", "capacity"]);
+        (cached_field(&t3), t3.cached_tokens, moves)
+    };
+    let (credit, held, moves) = run("e2e-capacity", cache);
+    let (credit_off, held_off, moves_off) = run("e2e-capacity-off", 0);
+    // The scenario really evicts: the replica no longer holds the first conversation.
+    assert_eq!(
+        held,
+        Some(0),
+        "the replica still held the prefix: no eviction to follow"
+    );
+    assert_eq!(
+        held_off,
+        Some(0),
+        "the replica still held the prefix: no eviction to follow"
+    );
+    // Without the horizon the index over-claims; with it, it agrees with the replica.
+    assert!(
+        credit_off.unwrap_or(0) > 0,
+        "without host_tokens the index should still credit the evicted prefix: {credit_off:?}"
+    );
+    assert_eq!(moves_off, 0.0);
+    assert_eq!(credit, Some(0), "the index still credits an evicted prefix");
+    assert!(moves >= 1.0, "no capacity horizon moved");
 }

@@ -39,6 +39,23 @@
 //! list differs from the one the index was built with (entries name hosts
 //! by index). Each lookup and each observation reads the cutoffs once.
 //!
+//! ## A replica's cache capacity (`cost.host_tokens`)
+//! A replica's KV cache is an LRU of bounded size: a prefix it computed is
+//! gone once about `host_tokens` newer tokens have gone through it. The
+//! index cannot see evictions, so it keeps a per-host capacity clock
+//! ([`advance_capacity`], key `prefix_router/idx/capacity/<host>`): the
+//! uncached prompt tokens each response added to that host, with
+//! checkpoints `(clock, time)` every `host_tokens / 16` tokens. When the
+//! clock has moved `host_tokens` past a checkpoint, everything the host
+//! was sent before that checkpoint's time has been pushed out of its LRU,
+//! and the host's forget cutoff is raised to that time (the same cutoff as
+//! "Forgetting" below). An entry that was refreshed since (the prefix was
+//! used again) carries a newer stamp and stays, as in the replica's LRU.
+//! Error: at most `host_tokens / 16` tokens late, and generated tokens
+//! (which vLLM also caches) are not counted, so the estimate errs towards
+//! remembering. One CAS update of a value of at most 18 x 16 + 24 bytes per
+//! observed response; the cutoff write only when the horizon moves.
+//!
 //! ## Robustness
 //! A value that is not a whole number of entries is decoded up to its last
 //! whole entry (trailing bytes dropped); a bucket holding more than
@@ -107,6 +124,123 @@ pub fn forget_hosts<S: SharedStore + ?Sized>(
         let bytes: Vec<u8> = cut.iter().flat_map(|c| c.to_le_bytes()).collect();
         match store.set(FORGET_KEY, &bytes, cas) {
             Ok(()) => return Ok(()),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Other(
+        "compare-and-swap retries exhausted".into(),
+    ))
+}
+
+/// Checkpoints kept per host by [`advance_capacity`] (one every
+/// `budget / CAPACITY_STEPS` tokens).
+pub const CAPACITY_STEPS: u64 = 16;
+
+/// Shared-data key of host `h`'s capacity clock.
+pub fn capacity_key(h: usize) -> String {
+    format!("prefix_router/idx/capacity/{h}")
+}
+
+/// A host's capacity clock: tokens taken into its cache so far, the last
+/// horizon applied, and checkpoints `(clock, time_ms)`, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapacityClock {
+    pub clock: u64,
+    pub horizon_ms: u64,
+    pub checkpoints: Vec<(u64, u64)>,
+}
+
+impl CapacityClock {
+    /// Decode (little-endian u64s: clock, horizon, then pairs); malformed
+    /// or missing values decode as a fresh clock.
+    pub fn decode(v: Option<&[u8]>) -> CapacityClock {
+        let words: Vec<u64> = v
+            .unwrap_or(&[])
+            .chunks_exact(8)
+            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+            .collect();
+        match words.as_slice() {
+            [clock, horizon_ms, rest @ ..] => CapacityClock {
+                clock: *clock,
+                horizon_ms: *horizon_ms,
+                checkpoints: rest
+                    .chunks_exact(2)
+                    .filter_map(|p| match p {
+                        [c, t] => Some((*c, *t)),
+                        _ => None,
+                    })
+                    .collect(),
+            },
+            _ => CapacityClock::default(),
+        }
+    }
+
+    /// Encode (see [`CapacityClock::decode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + 16 * self.checkpoints.len());
+        out.extend_from_slice(&self.clock.to_le_bytes());
+        out.extend_from_slice(&self.horizon_ms.to_le_bytes());
+        for (c, t) in &self.checkpoints {
+            out.extend_from_slice(&c.to_le_bytes());
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        out
+    }
+
+    /// Add `tokens` taken in at `now_ms` with a cache of `budget` tokens;
+    /// returns the new horizon if it moved: entries of this host stamped
+    /// before it have been pushed out of its cache.
+    pub fn advance(&mut self, tokens: u64, budget: u64, now_ms: u64) -> Option<u64> {
+        if budget == 0 {
+            return None;
+        }
+        self.clock = self.clock.saturating_add(tokens);
+        let step = (budget / CAPACITY_STEPS).max(1);
+        if self
+            .checkpoints
+            .last()
+            .is_none_or(|&(c, _)| self.clock.saturating_sub(c) >= step)
+        {
+            self.checkpoints.push((self.clock, now_ms));
+        }
+        // The newest checkpoint at least `budget` tokens behind the clock:
+        // the host was sent everything before its time at least `budget`
+        // tokens ago.
+        let target = self.clock.checked_sub(budget)?;
+        let i = self.checkpoints.iter().rposition(|&(c, _)| c <= target)?;
+        let t = self.checkpoints.get(i).map(|&(_, t)| t)?;
+        // Older checkpoints can never be the answer again.
+        self.checkpoints.drain(..i);
+        if t > self.horizon_ms {
+            self.horizon_ms = t;
+            Some(t)
+        } else {
+            None
+        }
+    }
+}
+
+/// Host `h` took `tokens` new tokens into its cache at `now_ms`: advance
+/// its capacity clock (one CAS loop) and return the new horizon if it
+/// moved; the caller then raises the host's cutoff with [`forget_hosts`].
+pub fn advance_capacity<S: SharedStore + ?Sized>(
+    store: &S,
+    h: usize,
+    tokens: u64,
+    budget: u64,
+    now_ms: u64,
+) -> Result<Option<u64>, StoreError> {
+    if budget == 0 {
+        return Ok(None);
+    }
+    let key = capacity_key(h);
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(&key)?;
+        let mut clock = CapacityClock::decode(v.as_deref());
+        let moved = clock.advance(tokens, budget, now_ms);
+        match store.set(&key, &clock.encode(), cas) {
+            Ok(()) => return Ok(moved),
             Err(StoreError::CasMismatch) => continue,
             Err(e) => return Err(e),
         }
@@ -657,6 +791,65 @@ mod tests {
         let v = SharedLookup::new(&Broken, c);
         assert_eq!(v.lookup(&[1], &[0], 0), vec![0]);
         assert_eq!(v.errors().0, 1);
+    }
+
+    #[test]
+    fn capacity_clock_moves_the_horizon_after_a_cache_worth_of_tokens() {
+        let mut c = CapacityClock::default();
+        // A 1,600-token cache: checkpoints every 100 tokens.
+        assert_eq!(c.advance(500, 1600, 10), None);
+        assert_eq!(c.advance(500, 1600, 20), None);
+        assert_eq!(c.advance(500, 1600, 30), None); // clock 1500 < budget
+                                                    // Clock 2100: the checkpoint at clock 500 (time 10) is 1600 behind.
+        assert_eq!(c.advance(600, 1600, 40), Some(10));
+        assert_eq!(c.advance(0, 1600, 50), None); // nothing new
+                                                  // Clock 2600: the checkpoint at clock 1000 (time 20).
+        assert_eq!(c.advance(500, 1600, 60), Some(20));
+        assert!(c.checkpoints.len() <= CAPACITY_STEPS as usize + 2);
+        let back = CapacityClock::decode(Some(&c.encode()));
+        assert_eq!(back, c);
+        assert_eq!(
+            CapacityClock::decode(Some(&[1, 2, 3])),
+            CapacityClock::default()
+        );
+        // No budget: never moves.
+        let mut d = CapacityClock::default();
+        assert_eq!(d.advance(u64::MAX, 0, 1), None);
+        // Many small steps keep the checkpoint list bounded.
+        let mut e = CapacityClock::default();
+        for t in 0..10_000u64 {
+            e.advance(7, 1600, t);
+        }
+        assert!(
+            e.checkpoints.len() <= CAPACITY_STEPS as usize + 2,
+            "{}",
+            e.checkpoints.len()
+        );
+        assert!(e.horizon_ms > 9_000);
+    }
+
+    #[test]
+    fn capacity_horizon_hides_what_the_replica_has_evicted() {
+        let s = MemStore::default();
+        let c = cfg(64, 8);
+        // Host 0 served prefix 1 at t=5, then 2,000 new tokens at t=10..
+        obs(&c, &s, 0, &[1], 5).unwrap();
+        assert_eq!(advance_capacity(&s, 0, 1000, 1500, 5).unwrap(), None);
+        obs(&c, &s, 0, &[2], 10).unwrap();
+        assert_eq!(advance_capacity(&s, 0, 1000, 1500, 10).unwrap(), None);
+        // Clock 3000: the checkpoint at clock 1000 (time 5) is 1500 behind.
+        let h = advance_capacity(&s, 0, 1000, 1500, 20).unwrap();
+        assert_eq!(h, Some(5));
+        forget_hosts(&s, &[0], 5).unwrap();
+        // Prefix 1 (stamped at 5) still counts: only entries before 5 go.
+        assert_eq!(c.lookup(&s, &[1], &[0], 30).0, vec![1000]);
+        let h = advance_capacity(&s, 0, 1000, 1500, 40).unwrap();
+        assert_eq!(h, Some(10));
+        forget_hosts(&s, &[0], 10).unwrap();
+        assert_eq!(c.lookup(&s, &[1], &[0], 50).0, vec![0]);
+        assert_eq!(c.lookup(&s, &[2], &[0], 50).0, vec![1000]);
+        // Another host is untouched.
+        assert_eq!(advance_capacity(&s, 1, 10, 1500, 50).unwrap(), None);
     }
 
     #[cfg(not(target_family = "wasm"))]

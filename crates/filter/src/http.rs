@@ -56,6 +56,8 @@ pub struct Http {
     /// Cost rule: the prompt's strided chain, to record under the host
     /// that serves it.
     chain: Vec<u64>,
+    /// Cost rule: the canonical prompt's length in bytes.
+    prompt_bytes: u64,
     /// Cost rule with `queue = tokens`: address and prompt tokens this
     /// request holds in the shared pending-prefill count.
     pending: Option<(String, u64)>,
@@ -73,6 +75,7 @@ impl Http {
             inflight: None,
             served: None,
             chain: Vec::new(),
+            prompt_bytes: 0,
             pending: None,
         }
     }
@@ -165,6 +168,7 @@ impl Http {
                         self.host_error("reading the shared prefix index", first);
                     }
                     prompt_bytes = chain.bytes;
+                    self.prompt_bytes = chain.bytes;
                     self.chain = chain.hashes;
                     d
                 }
@@ -362,6 +366,37 @@ impl Http {
             .add(self.st.metrics.index_used, done.bytes_delta);
         if let Some(e) = err {
             self.host_error("updating the shared prefix index", e);
+        }
+        self.advance_capacity(idx, now);
+    }
+
+    /// Cost rule with `cost.host_tokens`: the tokens this response added to
+    /// the serving host's cache (the prompt minus what the index credited it
+    /// with) advance its capacity clock; when that pushes older entries out
+    /// of its cache, raise its forget cutoff.
+    fn advance_capacity(&mut self, idx: usize, now: u64) {
+        let cfg = self.st.router.config();
+        let budget = cfg.cost.index.host_tokens;
+        if budget == 0 {
+            return;
+        }
+        let credited = match &self.decision {
+            Some(Decision::Routed {
+                host,
+                cached: Some(c),
+                ..
+            }) if *host == idx => *c,
+            _ => 0,
+        };
+        let bytes = self.prompt_bytes.saturating_sub(credited);
+        let tokens = (bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64;
+        match shared_index::advance_capacity(&SharedData, idx, tokens, budget, now) {
+            Ok(Some(horizon)) => match shared_index::forget_hosts(&SharedData, &[idx], horizon) {
+                Ok(()) => self.st.metrics.inc(self.st.metrics.forget_capacity, 1),
+                Err(e) => self.host_error("raising a host's capacity horizon", e),
+            },
+            Ok(None) => {}
+            Err(e) => self.host_error("advancing a host's capacity clock", e),
         }
     }
 

@@ -19,6 +19,7 @@
 //! | `prefix_router.index.footprint_bytes` | `cost.mode = on`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
 //! | `prefix_router.index.used_bytes` | `cost.mode = on`: gauge, bytes the shared index holds now (sum of every VM's changes; this process's lifetime) |
 //! | `prefix_router.index.forget.{restart,ejected,hosts_changed}` | `cost.mode = on`: times a host's index entries were dropped: the scrape saw its restart counter go down, passive health ejected it, the host list changed |
+//! | `prefix_router.index.forget.capacity` | `cost.mode = on`: times a host's capacity horizon moved (`cost.host_tokens` newer tokens pushed older entries out of its cache) |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
@@ -46,6 +47,7 @@ pub struct Metrics {
     pub forget_restart: u32,
     pub forget_ejected: u32,
     pub forget_hosts: u32,
+    pub forget_capacity: u32,
     pub vm_memory: u32,
     per_host: Vec<u32>,
 }
@@ -115,6 +117,11 @@ impl Metrics {
             },
             forget_hosts: if cfg.cost.enabled {
                 def("prefix_router.index.forget.hosts_changed")
+            } else {
+                0
+            },
+            forget_capacity: if cfg.cost.enabled {
+                def("prefix_router.index.forget.capacity")
             } else {
                 0
             },
