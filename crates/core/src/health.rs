@@ -20,7 +20,7 @@
 //! never ejected. The cool-down is fixed (no exponential back-off): a
 //! replica that comes back gets its keys back within one cool-down.
 
-use crate::load::{SharedStore, StoreError, CAS_RETRIES};
+use crate::load::{cas_update, SharedStore, StoreError};
 
 /// Validated health settings (`failure_threshold` 0 disables ejection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,23 +131,15 @@ pub fn record<S: SharedStore + ?Sized>(
     now_ms: u64,
     cfg: &HealthConfig,
 ) -> Result<bool, StoreError> {
-    let k = key(address);
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(&k)?;
-        let cur = HealthState::decode(v.as_deref());
+    cas_update(store, &key(address), |v| {
+        let cur = HealthState::decode(v);
         let (next, ejected) = cur.after(ok, now_ms, cfg);
         if next == cur && v.is_some() {
-            return Ok(false);
+            (None, false)
+        } else {
+            (Some(next.encode()), ejected)
         }
-        match store.set(&k, &next.encode(), cas) {
-            Ok(()) => return Ok(ejected),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
+    })
 }
 
 #[cfg(test)]

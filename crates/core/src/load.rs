@@ -196,23 +196,25 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
     add_counter(store, &inflight_key(address), delta)
 }
 
-/// Add `delta` to the u64 counter under `key` (saturating at 0) with a
-/// bounded compare-and-swap loop; returns the new value.
-pub fn add_counter<S: SharedStore + ?Sized>(
-    store: &S,
-    key: &str,
-    delta: i64,
-) -> Result<u64, StoreError> {
+/// Read-modify-write the value under `key` with a bounded compare-and-swap
+/// loop (at most [`CAS_RETRIES`] attempts): `f` gets the current value
+/// (`None` if absent) and returns the value to write (`None`: write
+/// nothing) and the result. A concurrent writer makes `f` run again on the
+/// newer value, so no update is lost.
+pub fn cas_update<S, T, B, F>(store: &S, key: &str, mut f: F) -> Result<T, StoreError>
+where
+    S: SharedStore + ?Sized,
+    B: AsRef<[u8]>,
+    F: FnMut(Option<&[u8]>) -> (Option<B>, T),
+{
     for _ in 0..CAS_RETRIES {
         let (v, cas) = store.get(key)?;
-        let cur = decode_u64(v.as_deref());
-        let new = if delta >= 0 {
-            cur.saturating_add(delta.unsigned_abs())
-        } else {
-            cur.saturating_sub(delta.unsigned_abs())
+        let (write, out) = f(v.as_deref());
+        let Some(bytes) = write else {
+            return Ok(out);
         };
-        match store.set(key, &new.to_le_bytes(), cas) {
-            Ok(()) => return Ok(new),
+        match store.set(key, bytes.as_ref(), cas) {
+            Ok(()) => return Ok(out),
             Err(StoreError::CasMismatch) => continue,
             Err(e) => return Err(e),
         }
@@ -220,6 +222,24 @@ pub fn add_counter<S: SharedStore + ?Sized>(
     Err(StoreError::Other(
         "compare-and-swap retries exhausted".into(),
     ))
+}
+
+/// Add `delta` to the u64 counter under `key` (saturating at 0) with a
+/// bounded compare-and-swap loop; returns the new value.
+pub fn add_counter<S: SharedStore + ?Sized>(
+    store: &S,
+    key: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    cas_update(store, key, |v| {
+        let cur = decode_u64(v);
+        let new = if delta >= 0 {
+            cur.saturating_add(delta.unsigned_abs())
+        } else {
+            cur.saturating_sub(delta.unsigned_abs())
+        };
+        (Some(new.to_le_bytes()), new)
+    })
 }
 
 /// Store a report for a host (last writer wins: a report is a snapshot).

@@ -74,7 +74,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 use crate::index::PrefixLookup;
-use crate::load::{SharedStore, StoreError, CAS_RETRIES};
+use crate::load::{cas_update, SharedStore, StoreError};
 
 /// Bytes per encoded entry: hash (8) + host (2) + stamp (8).
 pub const ENTRY_BYTES: usize = 18;
@@ -107,9 +107,8 @@ pub fn forget_hosts<S: SharedStore + ?Sized>(
     now_ms: u64,
 ) -> Result<(), StoreError> {
     let cutoff = now_ms.min((1u64 << 48) - 1);
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(FORGET_KEY)?;
-        let mut cut = decode_cutoffs(v.as_deref());
+    cas_update(store, FORGET_KEY, |v| {
+        let mut cut = decode_cutoffs(v);
         for &h in hosts {
             if h > usize::from(u16::MAX) {
                 continue;
@@ -122,15 +121,8 @@ pub fn forget_hosts<S: SharedStore + ?Sized>(
             }
         }
         let bytes: Vec<u8> = cut.iter().flat_map(|c| c.to_le_bytes()).collect();
-        match store.set(FORGET_KEY, &bytes, cas) {
-            Ok(()) => return Ok(()),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
+        (Some(bytes), ())
+    })
 }
 
 /// Checkpoints kept per host by [`advance_capacity`] (one every
@@ -234,20 +226,11 @@ pub fn advance_capacity<S: SharedStore + ?Sized>(
     if budget == 0 {
         return Ok(None);
     }
-    let key = capacity_key(h);
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(&key)?;
-        let mut clock = CapacityClock::decode(v.as_deref());
+    cas_update(store, &capacity_key(h), |v| {
+        let mut clock = CapacityClock::decode(v);
         let moved = clock.advance(tokens, budget, now_ms);
-        match store.set(&key, &clock.encode(), cas) {
-            Ok(()) => return Ok(moved),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
+        (Some(clock.encode()), moved)
+    })
 }
 
 /// Make the index agree with the configured host list, identified by
@@ -455,11 +438,9 @@ impl SharedIndexConfig {
         cap: usize,
         cutoffs: &[u64],
     ) -> Result<i64, StoreError> {
-        let key = bucket_key(bucket);
-        for _ in 0..CAS_RETRIES {
-            let (v, cas) = store.get(&key)?;
-            let before = v.as_ref().map_or(0, |b| b.len());
-            let mut entries = decode(v.as_deref().unwrap_or(&[]));
+        cas_update(store, &bucket_key(bucket), |v| {
+            let before = v.map_or(0, <[u8]>::len);
+            let mut entries = decode(v.unwrap_or(&[]));
             entries.retain(|e| !Self::forgotten(e, cutoffs));
             for &(p, s) in items {
                 match entries.iter_mut().find(|e| e.hash == p && e.host == host) {
@@ -475,18 +456,10 @@ impl SharedIndexConfig {
             entries.sort_by_key(|e| std::cmp::Reverse(e.stamp));
             entries.truncate(cap);
             let bytes = encode(&entries);
-            match store.set(&key, &bytes, cas) {
-                Ok(()) => {
-                    return Ok(i64::try_from(bytes.len()).unwrap_or(i64::MAX)
-                        - i64::try_from(before).unwrap_or(i64::MAX))
-                }
-                Err(StoreError::CasMismatch) => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Err(StoreError::Other(
-            "compare-and-swap retries exhausted".into(),
-        ))
+            let delta = i64::try_from(bytes.len()).unwrap_or(i64::MAX)
+                - i64::try_from(before).unwrap_or(i64::MAX);
+            (Some(bytes), delta)
+        })
     }
 
     /// For each of `hosts`, the longest recorded prefix of this request it
