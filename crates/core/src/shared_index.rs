@@ -53,7 +53,8 @@
 //! used again) carries a newer stamp and stays, as in the replica's LRU.
 //! Error: at most `host_tokens / 16` tokens late, and generated tokens
 //! (which vLLM also caches) are not counted, so the estimate errs towards
-//! remembering. One CAS update of a value of at most 18 x 16 + 24 bytes per
+//! remembering. One CAS update of a value of about 16 + 16 x 18 bytes (at
+//! most ~18 checkpoints are live) per
 //! observed response; the cutoff write only when the horizon moves.
 //!
 //! ## Robustness
