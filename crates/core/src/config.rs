@@ -29,12 +29,13 @@
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
-//! | `cost.mode` | `off` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]); `off`: plain bounded loads |
+//! | `cost.mode` | `on` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]) with the learned prefix index; `off`: plain bounded loads (the ring owner unless it is at its bound) |
 //! | `cost.candidates` | 6 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
 //! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
 //! | `cost.bytes_per_token` | 4 | prompt bytes per token |
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
-//! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are those this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
+//! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
+//! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
 //! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
@@ -197,6 +198,8 @@ pub struct RawCost {
     pub max_age_ms: u64,
     #[serde(default = "d_cost_queue")]
     pub queue: String,
+    #[serde(default = "d_stay_margin_s")]
+    pub stay_margin_s: f64,
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
     #[serde(default = "d_bucket_entries")]
@@ -217,6 +220,7 @@ impl Default for RawCost {
             host_tokens: d_host_tokens(),
             max_age_ms: 0,
             queue: d_cost_queue(),
+            stay_margin_s: d_stay_margin_s(),
             index_buckets: d_index_buckets(),
             bucket_entries: d_bucket_entries(),
         }
@@ -224,10 +228,13 @@ impl Default for RawCost {
 }
 
 fn d_cost_mode() -> String {
-    "off".into()
+    "on".into()
 }
 fn d_cost_queue() -> String {
     "tokens".into()
+}
+fn d_stay_margin_s() -> f64 {
+    0.1
 }
 fn d_index_buckets() -> u32 {
     4096
@@ -323,6 +330,13 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be >= 0 and <= 3600 (seconds)",
         ));
     }
+    if !(c.stay_margin_s.is_finite() && (0.0..=3600.0).contains(&c.stay_margin_s)) {
+        return Err(err(
+            "cost.stay_margin_s",
+            c.stay_margin_s,
+            "must be >= 0 and <= 3600 (seconds)",
+        ));
+    }
     if c.dense_boundaries != 0
         && (!c.dense_boundaries.is_multiple_of(2) || c.dense_boundaries > 65_536)
     {
@@ -387,6 +401,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             service_s: c.service_s,
             candidates: c.candidates,
             queue,
+            stay_margin_s: c.stay_margin_s,
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
@@ -1095,7 +1110,7 @@ mod tests {
     #[test]
     fn cost_section() {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}]}"#).unwrap();
-        assert!(!c.cost.enabled);
+        assert!(c.cost.enabled);
         assert_eq!(c.cost.params, crate::cost::CostParams::default());
         assert_eq!(c.cost.index, crate::index::IndexConfig::default());
         assert_eq!(
@@ -1124,6 +1139,8 @@ mod tests {
             (r#"{"prefill_tokens_per_s":0}"#, "cost.prefill_tokens_per_s"),
             (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
+            (r#"{"stay_margin_s":-0.1}"#, "cost.stay_margin_s"),
+            (r#"{"stay_margin_s":1e9}"#, "cost.stay_margin_s"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),

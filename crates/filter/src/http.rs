@@ -15,8 +15,9 @@
 //! With `cost.mode = on` step 2 also hashes the whole prompt's strided chain
 //! and places by the cost rule, reading the shared-data prefix index
 //! ([`prefix_router_core::shared_index`]) and, with `cost.queue = tokens`,
-//! each host's pending prefill tokens (this request's prompt tokens are
-//! added to the chosen host's); step 3 records the chain under the host that
+//! each host's pending prefill tokens (this request's uncached prompt
+//! tokens, its prompt minus the prefix the index credited the chosen host
+//! with, are added to that host's); step 3 records the chain under the host that
 //! actually served (2xx only) and releases the pending tokens (also
 //! released at log / done if no response headers came, exactly once).
 //! A host that passive health ejects has its index entries forgotten.
@@ -179,7 +180,10 @@ impl Http {
                 .router
                 .decide(api, &body, self.session.as_deref(), &loads, now)
         };
-        if let Decision::Routed { host: idx, .. } = d {
+        if let Decision::Routed {
+            host: idx, cached, ..
+        } = d
+        {
             let Some(h) = cfg.hosts.get(idx) else {
                 return self.fallback(FallbackCause::HostError);
             };
@@ -192,7 +196,10 @@ impl Http {
                 Err(e) => self.host_error("counting in-flight", e),
             }
             if tokens_mode {
-                let tokens = (prompt_bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64;
+                let tokens = cfg
+                    .cost
+                    .params
+                    .pending_tokens(prompt_bytes, cached.unwrap_or(0));
                 let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
                 if tokens > 0 {
                     match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {

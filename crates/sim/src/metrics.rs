@@ -10,9 +10,11 @@
 //! * **Load balance**: each replica's load is its time-averaged number of
 //!   requests (waiting + running) in each `window_s` window; per window,
 //!   max over replicas / mean over replicas. Reported: the worst window and
-//!   the mean over windows, over the windows that start before the last
-//!   arrival (the drain at the end is excluded). Also the same ratio for the
-//!   number of requests assigned per window.
+//!   the mean over windows, over the full windows that end before the last
+//!   arrival (at least one): the window the last arrival falls in, and those
+//!   after it, are mostly the drain at the end, where a few stragglers set
+//!   the ratio. Also the same ratio for the number of requests assigned per
+//!   window.
 //! * **Outcomes**: affinity / spill / fallback / balance decisions (see
 //!   [`crate::policy::Outcome`]).
 //! * **Prefill GPU-seconds**: the cost model's prefill time of every
@@ -274,8 +276,9 @@ impl Collector {
         } else {
             0.0
         };
-        // Load balance over windows that start before the last arrival.
-        let wmax = self.load.widx(self.last_arrival) + 1;
+        // Load balance over the full windows before the last arrival (at
+        // least one): the window the last arrival falls in is mostly drain.
+        let wmax = self.load.widx(self.last_arrival).max(1);
         let window = self.load.window;
         let mut worst: f64 = 0.0;
         let mut sum = 0.0;

@@ -82,6 +82,11 @@ fn result_json(r: &RunResult, b: &Bounds) -> Value {
             "mean": r6(r.load_ratio_mean),
             "windows": r.windows,
             "assigned_worst": r6(r.assigned_ratio_worst),
+            "per_window": r
+                .window_load
+                .iter()
+                .map(|row| row.iter().map(|&x| r6(x)).collect::<Vec<_>>())
+                .collect::<Vec<_>>(),
         },
         "decisions": {
             "affinity": r.affinity,

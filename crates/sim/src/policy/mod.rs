@@ -233,19 +233,23 @@ impl PolicySpec {
         matches!(self.kind, Kind::PrefixRouter(_) | Kind::PrefixRouterCost(_))
     }
 
-    /// Build instance `proxy` for `hosts` replicas.
+    /// Build instance `proxy` for `hosts` replicas with `cache_tokens` of
+    /// KV cache each.
     pub fn build(
         &self,
         hosts: usize,
         seed: u64,
         proxy: usize,
+        cache_tokens: Option<u64>,
     ) -> Result<Box<dyn Policy>, SpecError> {
         let seed = seed_str(seed, &format!("policy:{}:{proxy}", self.label));
         Ok(match &self.kind {
             Kind::PrefixRouter(p) => Box::new(prefix_router::PrefixRouter::new(p, hosts)?),
-            Kind::PrefixRouterCost(p) => {
-                Box::new(prefix_router_cost::PrefixRouterCost::new(p, hosts)?)
-            }
+            Kind::PrefixRouterCost(p) => Box::new(prefix_router_cost::PrefixRouterCost::new(
+                p,
+                hosts,
+                cache_tokens,
+            )?),
             Kind::RoundRobin => Box::new(baselines::RoundRobin::new(hosts, proxy)),
             Kind::Random => Box::new(baselines::Random::new(hosts, seed)),
             Kind::LeastLoaded => Box::new(baselines::LeastLoaded::new(hosts, seed)),

@@ -14,13 +14,18 @@
 //! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
 //! ...), plus `candidates` (6), `service_s` (0.5), `prefill_tps` (16000),
 //! `stride` (index stride in chunks, 16), `dense` (boundaries kept before
-//! thinning, 16; 0 keeps all), `host_tokens` (400000),
+//! thinning, 16; 0 keeps all), `host_tokens` (default: the replicas' KV
+//! cache, `--cache-tokens`, as an operator configures it; 0 = off),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
-//! `prefix_router_core::cost`). Defaults are the core's `cost` defaults.
+//! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1), and the experiment `pending=prompt` (count
+//! whole prompts as pending prefill, not their uncached part). Defaults are
+//! the core's `cost` defaults.
 //!
-//! With `queue=tokens` the policy tracks, per host, the prompt tokens
-//! (canonical prompt bytes / `bytes_per_token`, what the filter can count)
-//! of the requests it routed that have not yet produced a first token, and
+//! With `queue=tokens` the policy tracks, per host, the uncached prompt
+//! tokens (canonical prompt bytes minus the prefix the index credited the
+//! chosen host with, over `bytes_per_token`: what the filter counts,
+//! [`prefix_router_core::cost::CostParams::pending_tokens`]) of the
+//! requests it routed that have not yet produced a first token, and
 //! passes them as `HostLoad::pending_prefill_tokens`. The counts are kept
 //! in every mode (they are only read with `tokens`). The core adds the
 //! replica's reported waiting requests beyond this proxy's own in-flight
@@ -46,9 +51,15 @@ pub struct Params {
     pub prefill_tps: f64,
     pub stride_chunks: u32,
     pub dense_boundaries: u32,
-    pub host_tokens: u64,
+    /// `None`: the replicas' KV-cache capacity (see [`PrefixRouterCost::new`]).
+    pub host_tokens: Option<u64>,
     pub max_entries: u64,
     pub queue: String,
+    pub stay_margin_s: f64,
+    /// Experiment: `pending=prompt` counts whole prompts as pending
+    /// prefill (the filter before it subtracted the credited prefix);
+    /// default `uncached`, the filter's rule.
+    pub pending_whole_prompt: bool,
 }
 
 impl Params {
@@ -61,9 +72,11 @@ impl Params {
             prefill_tps: d.prefill_tokens_per_s,
             stride_chunks: d.stride_chunks,
             dense_boundaries: d.dense_boundaries,
-            host_tokens: d.host_tokens,
+            host_tokens: None,
             max_entries: d.max_entries,
             queue: d.queue,
+            stay_margin_s: d.stay_margin_s,
+            pending_whole_prompt: false,
         };
         let mut rest = Vec::new();
         for (k, v) in opts {
@@ -73,9 +86,21 @@ impl Params {
                 "prefill_tps" => p.prefill_tps = num(k, v)?,
                 "stride" => p.stride_chunks = num(k, v)? as u32,
                 "dense" => p.dense_boundaries = num(k, v)? as u32,
-                "host_tokens" => p.host_tokens = num(k, v)? as u64,
+                "host_tokens" => p.host_tokens = Some(num(k, v)? as u64),
                 "max_entries" => p.max_entries = num(k, v)? as u64,
                 "queue" => p.queue = v.clone(),
+                "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
+                "pending" => {
+                    p.pending_whole_prompt = match v.as_str() {
+                        "uncached" => false,
+                        "prompt" => true,
+                        _ => {
+                            return Err(SpecError(format!(
+                                "prefix-router-cost: pending={v}: expected uncached or prompt"
+                            )))
+                        }
+                    }
+                }
                 _ => rest.push((k.clone(), v.clone())),
             }
         }
@@ -94,9 +119,10 @@ impl Params {
         raw.cost.prefill_tokens_per_s = self.prefill_tps;
         raw.cost.stride_chunks = self.stride_chunks;
         raw.cost.dense_boundaries = self.dense_boundaries;
-        raw.cost.host_tokens = self.host_tokens;
+        raw.cost.host_tokens = self.host_tokens.unwrap_or(raw.cost.host_tokens);
         raw.cost.max_entries = self.max_entries;
         raw.cost.queue = self.queue.clone();
+        raw.cost.stay_margin_s = self.stay_margin_s;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
             address: "127.0.0.1:1".into(),
@@ -120,15 +146,23 @@ pub struct PrefixRouterCost {
     /// Chains of routed requests until their first token, with the host
     /// they were sent to and their prompt tokens.
     pending: BTreeMap<u64, (Vec<u64>, usize, u64)>,
-    /// Per host: prompt tokens of `pending` requests sent there.
+    /// Per host: uncached prompt tokens of `pending` requests sent there.
     pending_tokens: Vec<u64>,
-    bytes_per_token: f64,
+    params: prefix_router_core::cost::CostParams,
+    pending_whole_prompt: bool,
     last_ms: u64,
     rr: usize,
 }
 
 impl PrefixRouterCost {
-    pub fn new(p: &Params, hosts: usize) -> Result<Self, SpecError> {
+    /// `cache_tokens`: the replicas' KV-cache capacity, used as
+    /// `host_tokens` unless the spec sets it.
+    pub fn new(p: &Params, hosts: usize, cache_tokens: Option<u64>) -> Result<Self, SpecError> {
+        let mut p = p.clone();
+        if p.host_tokens.is_none() {
+            p.host_tokens = cache_tokens;
+        }
+        let p = &p;
         if p.base.capped() {
             return Err(SpecError(
                 "prefix-router-cost: mode=capped is not supported".into(),
@@ -136,7 +170,7 @@ impl PrefixRouterCost {
         }
         let router = Router::new(p.config(hosts)?);
         let index = router.new_index();
-        let bytes_per_token = router.config().cost.params.bytes_per_token;
+        let params = router.config().cost.params;
         Ok(PrefixRouterCost {
             router,
             index,
@@ -144,7 +178,8 @@ impl PrefixRouterCost {
             use_reports: p.base.use_reports,
             pending: BTreeMap::new(),
             pending_tokens: vec![0; hosts],
-            bytes_per_token,
+            params,
+            pending_whole_prompt: p.pending_whole_prompt,
             last_ms: 0,
             rr: 0,
         })
@@ -185,19 +220,31 @@ impl Policy for PrefixRouterCost {
             &self.index,
             now,
         );
+        let mut credited = 0;
         let choice = match d {
-            Decision::Routed { host, skipped, .. } => Choice {
+            Decision::Routed {
                 host,
-                outcome: if skipped == 0 {
-                    Outcome::Affinity
-                } else {
-                    Outcome::Spill
-                },
-            },
+                skipped,
+                cached,
+                ..
+            } => {
+                credited = cached.unwrap_or(0);
+                Choice {
+                    host,
+                    outcome: if skipped == 0 {
+                        Outcome::Affinity
+                    } else {
+                        Outcome::Spill
+                    },
+                }
+            }
             Decision::Fallback(_) => self.fallback(),
         };
         if chain.bytes > 0 || !chain.hashes.is_empty() {
-            let tokens = (chain.bytes as f64 / self.bytes_per_token).round() as u64;
+            if self.pending_whole_prompt {
+                credited = 0;
+            }
+            let tokens = self.params.pending_tokens(chain.bytes, credited);
             if let Some(t) = self.pending_tokens.get_mut(choice.host) {
                 *t += tokens;
             }
@@ -243,7 +290,7 @@ mod tests {
     #[test]
     fn pending_tokens_settle_once() {
         let p = Params::parse(&opts(&[("queue", "tokens")])).unwrap();
-        let mut r = PrefixRouterCost::new(&p, 2).unwrap();
+        let mut r = PrefixRouterCost::new(&p, 2, None).unwrap();
         r.pending.insert(7, (vec![1, 2], 1, 500));
         r.pending_tokens[1] = 500;
         r.on_first_token(7, 0);
