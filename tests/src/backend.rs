@@ -185,6 +185,20 @@ impl Backend {
         Ok(())
     }
 
+    /// `POST /admin/queue {"extra_running": n}`: fake `n` more running requests in the
+    /// replica's reports (other clients' work), leaving the waiting count alone.
+    pub fn set_extra_running(&self, n: u64) -> Result<()> {
+        let body = serde_json::json!({ "extra_running": n }).to_string();
+        let r = http::post(&self.agent, &self.url("/admin/queue"), &[], &body)?;
+        if !(200..300).contains(&r.status) {
+            return Err(LabError(format!(
+                "backend {}: POST /admin/queue answered {}: {}",
+                self.name, r.status, r.body
+            )));
+        }
+        Ok(())
+    }
+
     /// `POST /admin/reset`: forget cache and counters.
     pub fn reset(&self) -> Result<()> {
         let r = http::post(&self.agent, &self.url("/admin/reset"), &[], "{}")?;

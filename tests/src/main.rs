@@ -64,7 +64,7 @@ The cost rule under a load spike (tests/src/spike.rs): 4 backends, `old` convers
 holding most of them busy (a real queue, under the load bound) while the next turn of every
 old conversation and the first turn of `new` conversations go through Envoy. Runs the bounded
 ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
-side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 8 --queue tokens (cost.queue
+side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 7 --queue tokens (cost.queue
 of the cost run: tokens or requests).
 
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default

@@ -179,21 +179,23 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             },
         ),
         (
-            "prefix-router",
+            // The bounded ring alone (`cost.mode: off`): key hash, ring walk, in-flight
+            // counters.
+            "prefix-router-ring",
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "off"}})),
                 concurrency: 1,
                 log_level: "warn".into(),
                 ..EnvoyOptions::default()
             },
         ),
         (
-            // The cost rule: shared-data prefix index (lookup per request, write per
-            // response) and pending-token counters on top of the default's work.
-            "prefix-router-cost",
+            // The default, the cost rule: shared-data prefix index (lookup per request,
+            // write per response) and pending-token counters on top of the ring's work.
+            "prefix-router",
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "on"}})),
                 concurrency: 1,
                 log_level: "warn".into(),
                 ..EnvoyOptions::default()
@@ -239,7 +241,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
          latency = client write to full response read, loopback, keep-alive, TCP_NODELAY\n\n",
         opts.rounds, opts.per_round
     ));
-    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router p50 / p90 | prefix-router-cost p50 / p90 | prefix-router-cost-all p50 / p90 | prefix-router - noop (p50) | prefix-router - buffer (p50) | cost - prefix-router (p50) | cost-all - prefix-router (p50) | noop - no-filter (p50) |\n");
+    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router-ring p50 / p90 | prefix-router (default: cost rule) p50 / p90 | prefix-router-cost-all p50 / p90 | ring - noop (p50) | ring - buffer (p50) | default - ring (p50) | cost-all - ring (p50) | noop - no-filter (p50) |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &size in &opts.sizes {
         let bodies: Vec<String> = (0..opts.per_round).map(|i| body(size, i)).collect();

@@ -17,8 +17,11 @@
 //!    two turns each, one at a time: every one lands on its ring owner and is cached there.
 //! 4. Spike: the replica holding the most of them gets a real queue: `loopers` clients send
 //!    short requests straight to it (bypassing Envoy), back to back, so about
-//!    `loopers - 2` requests wait there at any time (its `vllm:num_requests_waiting`, read by
-//!    the scrape, stays under the load bound: the bound does not decide here, the cost does).
+//!    `loopers - 2` requests wait there at any time and 2 run. The scrape reads both
+//!    (`vllm:num_requests_waiting`, `vllm:num_requests_running`); with the default 7 loopers
+//!    the replica's load, 7 requests that are not this proxy's, stays under the load bound
+//!    (`min_capacity` 8): the bound does not decide here, the cost does. (With 8 loopers the
+//!    replica is at its bound and everything leaves it, cached or not.)
 //! 5. Measured during the spike, one request at a time: the next turn of every old
 //!    conversation, then the first turn of `new` conversations (new documents of the same
 //!    size). Time to first token is measured at the client.
@@ -63,7 +66,7 @@ impl Default for SpikeOptions {
             old: 8,
             new: 24,
             doc_bytes: 64 * 1024,
-            loopers: 8,
+            loopers: 7,
             queue: "tokens".to_string(),
         }
     }

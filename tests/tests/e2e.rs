@@ -1482,3 +1482,65 @@ fn capacity_horizon_follows_the_replicas_lru() {
     assert_eq!(credit, Some(0), "the index still credits an evicted prefix");
     assert!(moves >= 1.0, "no capacity horizon moved");
 }
+
+// 19. Fleet-true load: requests a replica reports as running (another proxy's or client's,
+//     here faked by the backend's `extra_running`) count in the bound, so keyed traffic leaves
+//     a replica that is full of someone else's work even though nothing waits there and this
+//     Envoy has nothing in flight. With `load.orca_running_metrics: []` (the running count not
+//     read) the same keys stay: the running count is what moves them.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn reported_running_requests_count_in_the_bound() {
+    let _g = serial();
+    let run = |label: &str, patch: serde_json::Value| -> (usize, usize, String) {
+        let lab = lab(label, EnvoyMode::PrefixRouter, FilterConfig::Patched(patch));
+        let agent = http::agent(Duration::from_secs(30));
+        let keys: Vec<String> = (0..16)
+            .map(|i| format!("Running-load test conversation {i}: summarize ticket {i}."))
+            .collect();
+        let mut home = Vec::new();
+        for k in &keys {
+            let r = chat(&agent, &lab, k);
+            assert!(r.ok(), "warm-up request failed: {r:?}");
+            home.push(r.backend.clone().unwrap_or_default());
+        }
+        let busy = home[0].clone();
+        let on_busy: Vec<&String> = keys
+            .iter()
+            .zip(&home)
+            .filter(|(_, h)| **h == busy)
+            .map(|(k, _)| k)
+            .collect();
+        ok(ok(lab.backend(&busy)).set_extra_running(40));
+        // One request to the busy replica brings its (ORCA) report back to the filter.
+        let refresh = chat(&agent, &lab, &keys[0]);
+        assert!(refresh.ok(), "refresh request failed: {refresh:?}");
+        let mut stayed = 0;
+        for k in &on_busy {
+            let r = chat(&agent, &lab, k);
+            assert!(r.ok(), "request failed: {r:?}");
+            if r.backend.as_deref() == Some(busy.as_str()) {
+                stayed += 1;
+            }
+        }
+        eprintln!(
+            "{label}: {busy} holds {} of 16 keys; {stayed} stayed with 40 running reported",
+            on_busy.len()
+        );
+        (on_busy.len(), stayed, prefix_router_metrics(&lab))
+    };
+    let (n, stayed, metrics) = run("e2e-running", json!({}));
+    assert!(n >= 2, "too few keys on one replica to test ({n})");
+    assert_eq!(
+        stayed, 0,
+        "keys stayed on a replica reporting 40 running requests\n{metrics}"
+    );
+    let (n_off, stayed_off, metrics_off) = run(
+        "e2e-running-off",
+        json!({"load": {"orca_running_metrics": []}}),
+    );
+    assert_eq!(
+        stayed_off, n_off,
+        "without the running count the keys should have stayed\n{metrics_off}"
+    );
+}

@@ -83,7 +83,9 @@ FLAGS:
 ENDPOINTS:
     POST /v1/chat/completions, POST /v1/completions   (\"stream\": true for SSE)
     GET /v1/models, GET /health, GET /metrics (Prometheus, vLLM metric names)
-    POST /admin/queue {{\"extra_waiting\": N}}   add N to the reported waiting count
+    POST /admin/queue {{\"extra_waiting\": N, \"extra_running\": M}}
+                                               add N to the reported waiting count, M to the
+                                               reported running count (either or both)
     POST /admin/reset                          clear the prefix cache and all counters
 
 RESPONSE HEADERS:

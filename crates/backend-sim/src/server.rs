@@ -28,8 +28,9 @@
 //! Load values are read when the response head is sent: at the first token
 //! for streams, at completion otherwise. The reported waiting count
 //! (`x-queue-depth`, ORCA, `/metrics`) is the real one plus the
-//! `extra_waiting` set by `POST /admin/queue` (a test hook; scheduling is
-//! unaffected).
+//! `extra_waiting` set by `POST /admin/queue`, and the reported running
+//! count (ORCA, `/metrics`) the real one plus its `extra_running` (test
+//! hooks standing for other clients' requests; scheduling is unaffected).
 //!
 //! ## Metrics (`GET /metrics`, Prometheus text 0.0.4, label `model_name`)
 //!
@@ -140,10 +141,12 @@ struct State {
     subs: HashMap<ReqId, Sub>,
     next_id: ReqId,
     extra_waiting: u64,
+    extra_running: u64,
     stats: Stats,
 }
 
-/// Load as reported to clients (waiting includes `extra_waiting`).
+/// Load as reported to clients (waiting includes `extra_waiting`, running
+/// `extra_running`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Load {
     pub waiting: u64,
@@ -342,7 +345,7 @@ impl Shared {
     fn load(&self, st: &State) -> Load {
         Load {
             waiting: (st.replica.num_waiting() as u64).saturating_add(st.extra_waiting),
-            running: st.replica.num_running() as u64,
+            running: (st.replica.num_running() as u64).saturating_add(st.extra_running),
             kv_usage: st.replica.kv_usage(),
         }
     }
@@ -512,17 +515,31 @@ impl Shared {
                 Err(e) => self.respond_error(w, Some(req), &e, keep),
             },
             ("POST", "/admin/queue") => {
-                let n = serde_json::from_slice::<Value>(&req.body)
-                    .ok()
-                    .and_then(|v| v.get("extra_waiting").and_then(Value::as_u64));
-                match n {
-                    Some(n) => {
-                        self.lock().extra_waiting = n;
-                        self.respond_json(w, Some(req), 200, &json!({ "extra_waiting": n }), keep)
+                let v = serde_json::from_slice::<Value>(&req.body).ok();
+                let field = |name: &str| -> Result<Option<u64>, ()> {
+                    match v.as_ref().and_then(|v| v.get(name)) {
+                        None => Ok(None),
+                        Some(x) => x.as_u64().map(Some).ok_or(()),
                     }
-                    None => {
+                };
+                match (field("extra_waiting"), field("extra_running")) {
+                    (Ok(wait), Ok(run)) if wait.is_some() || run.is_some() => {
+                        let (wait, run) = {
+                            let mut st = self.lock();
+                            if let Some(n) = wait {
+                                st.extra_waiting = n;
+                            }
+                            if let Some(n) = run {
+                                st.extra_running = n;
+                            }
+                            (st.extra_waiting, st.extra_running)
+                        };
+                        let body = json!({ "extra_waiting": wait, "extra_running": run });
+                        self.respond_json(w, Some(req), 200, &body, keep)
+                    }
+                    _ => {
                         let e = ApiError::bad_request(
-                            "expected a JSON body {\"extra_waiting\": N} with N >= 0",
+                            "expected a JSON body {\"extra_waiting\": N, \"extra_running\": M} (either or both) with N, M >= 0",
                         );
                         self.respond_error(w, Some(req), &e, keep)
                     }
@@ -830,6 +847,7 @@ impl Server {
                 subs: HashMap::new(),
                 next_id: 1,
                 extra_waiting: 0,
+                extra_running: 0,
                 stats: Stats::default(),
             }),
             wake: Condvar::new(),

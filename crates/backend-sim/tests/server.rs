@@ -450,6 +450,29 @@ fn metrics_orca_and_admin_hooks() {
         400
     );
     assert_eq!(c.request("POST", "/admin/queue", &[], "nope").status, 400);
+    assert_eq!(c.request("POST", "/admin/queue", &[], "{}").status, 400);
+    // Other clients' running requests: reported, waiting count untouched.
+    let r = c.request("POST", "/admin/queue", &[], r#"{"extra_running": 5}"#);
+    assert_eq!(r.status, 200);
+    let h = c.request(
+        "GET",
+        "/health",
+        &[("endpoint-load-metrics-format", "TEXT")],
+        "",
+    );
+    assert_eq!(h.header("x-queue-depth"), Some("0"));
+    assert!(h
+        .header("endpoint-load-metrics")
+        .unwrap()
+        .contains("num_requests_running=5.0"));
+    assert_eq!(
+        metric(
+            &c.request("GET", "/metrics", &[], "").text(),
+            "vllm:num_requests_running"
+        ),
+        5.0
+    );
+    c.request("POST", "/admin/queue", &[], r#"{"extra_running": 0}"#);
 
     // Reset: counters zero, cache empty.
     assert_eq!(c.request("POST", "/admin/reset", &[], "{}").status, 200);

@@ -25,6 +25,7 @@
 //! | `key.use_cache_salt` | true | mix vLLM's `cache_salt` into the model seed |
 //! | `load.orca_format` | `TEXT` | value of `endpoint-load-metrics-format` added to requests; null: do not ask |
 //! | `load.orca_metrics` | `["num_requests_waiting"]` | ORCA named metrics summed into the reported queue depth |
+//! | `load.orca_running_metrics` | `["num_requests_running"]` | ORCA named metrics summed into the reported running count; the bound counts a host's load as `max(this Envoy's in-flight requests, fresh reported waiting + running)`, the fleet's load when several proxies share the replicas; `[]` = none |
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
@@ -43,7 +44,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off) |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off) |
 
 use serde::Deserialize;
 use std::fmt;
@@ -136,6 +137,8 @@ pub struct RawLoad {
     pub orca_format: Option<String>,
     #[serde(default = "d_orca_metrics")]
     pub orca_metrics: Vec<String>,
+    #[serde(default = "d_orca_running_metrics")]
+    pub orca_running_metrics: Vec<String>,
     #[serde(default = "d_queue_header")]
     pub queue_header: Option<String>,
     #[serde(default = "d_ttl")]
@@ -147,6 +150,7 @@ impl Default for RawLoad {
         RawLoad {
             orca_format: d_orca_format(),
             orca_metrics: d_orca_metrics(),
+            orca_running_metrics: d_orca_running_metrics(),
             queue_header: d_queue_header(),
             report_ttl_ms: d_ttl(),
         }
@@ -432,6 +436,10 @@ pub struct RawScrape {
     /// Metric names summed into the queue depth (overrides the preset).
     #[serde(default)]
     pub queue_metrics: Option<Vec<String>>,
+    /// Metric names summed into the running count (overrides the preset;
+    /// `[]`: none).
+    #[serde(default)]
+    pub running_metrics: Option<Vec<String>>,
     /// Counters whose decrease means the replica restarted (first present
     /// name is used; overrides the preset; `[]` turns detection off).
     #[serde(default)]
@@ -485,6 +493,9 @@ fn d_orca_format() -> Option<String> {
 }
 fn d_orca_metrics() -> Vec<String> {
     vec!["num_requests_waiting".into()]
+}
+fn d_orca_running_metrics() -> Vec<String> {
+    vec!["num_requests_running".into()]
 }
 fn d_queue_header() -> Option<String> {
     Some("x-queue-depth".into())
@@ -586,6 +597,9 @@ impl OrcaFormat {
 pub struct LoadConfig {
     pub orca_format: Option<OrcaFormat>,
     pub orca_metrics: Vec<String>,
+    /// ORCA named metrics summed into the reported running count (empty:
+    /// none).
+    pub orca_running_metrics: Vec<String>,
     pub queue_header: Option<String>,
     pub report_ttl_ms: u64,
 }
@@ -598,6 +612,8 @@ pub struct ScrapeConfig {
     pub timeout_ms: u64,
     pub path: String,
     pub queue_metrics: Vec<String>,
+    /// Summed into the running count (empty: none).
+    pub running_metrics: Vec<String>,
     /// Counters whose decrease means a restart (first present is used;
     /// empty: detection off).
     pub restart_metrics: Vec<String>,
@@ -819,13 +835,18 @@ impl RawConfig {
                 "name at least one ORCA named metric (e.g. num_requests_waiting) or set load.orca_format to null",
             ));
         }
-        for (i, m) in self.load.orca_metrics.iter().enumerate() {
-            if m.is_empty() || m.contains([',', '=', ' ']) {
-                return Err(err(
-                    format!("load.orca_metrics[{i}]"),
-                    format!("{m:?}"),
-                    "not a metric name",
-                ));
+        for (field, list) in [
+            ("load.orca_metrics", &self.load.orca_metrics),
+            ("load.orca_running_metrics", &self.load.orca_running_metrics),
+        ] {
+            for (i, m) in list.iter().enumerate() {
+                if m.is_empty() || m.contains([',', '=', ' ']) {
+                    return Err(err(
+                        format!("{field}[{i}]"),
+                        format!("{m:?}"),
+                        "not a metric name",
+                    ));
+                }
             }
         }
         let queue_header = match &self.load.queue_header {
@@ -878,6 +899,7 @@ impl RawConfig {
             load: LoadConfig {
                 orca_format,
                 orca_metrics: self.load.orca_metrics.clone(),
+                orca_running_metrics: self.load.orca_running_metrics.clone(),
                 queue_header,
                 report_ttl_ms: self.load.report_ttl_ms,
             },
@@ -920,26 +942,29 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "must start with '/'",
         ));
     }
-    let (preset, restart_preset): (Vec<String>, Vec<String>) = match sc.preset.as_deref() {
-        None | Some("vllm") => (
-            vec!["vllm:num_requests_waiting".into()],
-            vec![
-                "vllm:prefix_cache_queries_total".into(),
-                "vllm:prefix_cache_queries".into(),
-            ],
-        ),
-        Some("sglang") => (
-            vec!["sglang:num_queue_reqs".into()],
-            vec!["sglang:prompt_tokens_total".into()],
-        ),
-        Some(other) => {
-            return Err(err(
-                "scrape.preset",
-                format!("{other:?}"),
-                "must be \"vllm\" or \"sglang\" (or give scrape.queue_metrics)",
-            ))
-        }
-    };
+    let (preset, running_preset, restart_preset): (Vec<String>, Vec<String>, Vec<String>) =
+        match sc.preset.as_deref() {
+            None | Some("vllm") => (
+                vec!["vllm:num_requests_waiting".into()],
+                vec!["vllm:num_requests_running".into()],
+                vec![
+                    "vllm:prefix_cache_queries_total".into(),
+                    "vllm:prefix_cache_queries".into(),
+                ],
+            ),
+            Some("sglang") => (
+                vec!["sglang:num_queue_reqs".into()],
+                vec!["sglang:num_running_reqs".into()],
+                vec!["sglang:prompt_tokens_total".into()],
+            ),
+            Some(other) => {
+                return Err(err(
+                    "scrape.preset",
+                    format!("{other:?}"),
+                    "must be \"vllm\" or \"sglang\" (or give scrape.queue_metrics)",
+                ))
+            }
+        };
     let queue_metrics = sc.queue_metrics.clone().unwrap_or(preset);
     if queue_metrics.is_empty()
         || queue_metrics
@@ -950,6 +975,17 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "scrape.queue_metrics",
             format!("{queue_metrics:?}"),
             "name at least one metric, without labels",
+        ));
+    }
+    let running_metrics = sc.running_metrics.clone().unwrap_or(running_preset);
+    if running_metrics
+        .iter()
+        .any(|m| m.is_empty() || m.contains([' ', '{']))
+    {
+        return Err(err(
+            "scrape.running_metrics",
+            format!("{running_metrics:?}"),
+            "metric names without labels ([] reads no running count)",
         ));
     }
     let restart_metrics = sc.restart_metrics.clone().unwrap_or(restart_preset);
@@ -969,6 +1005,7 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
         timeout_ms: sc.timeout_ms,
         path: sc.path.clone(),
         queue_metrics,
+        running_metrics,
         restart_metrics,
     })
 }
@@ -1099,10 +1136,37 @@ mod tests {
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"interval_ms":1000}}"#);
         assert_eq!(e.field, "cluster");
         let ok = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"sglang"}}"#).unwrap();
+        let sc = ok.scrape.unwrap();
+        assert_eq!(sc.queue_metrics, vec!["sglang:num_queue_reqs".to_string()]);
         assert_eq!(
-            ok.scrape.unwrap().queue_metrics,
-            vec!["sglang:num_queue_reqs".to_string()]
+            sc.running_metrics,
+            vec!["sglang:num_running_reqs".to_string()]
         );
+        let vllm = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            vllm.scrape.unwrap().running_metrics,
+            vec!["vllm:num_requests_running".to_string()]
+        );
+        assert_eq!(
+            vllm.load.orca_running_metrics,
+            vec!["num_requests_running".to_string()]
+        );
+        let off = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_running_metrics":[]},"scrape":{"cluster":"llm","running_metrics":[]}}"#,
+        )
+        .unwrap();
+        assert!(off.load.orca_running_metrics.is_empty());
+        assert!(off.scrape.unwrap().running_metrics.is_empty());
+        let e = bad(
+            r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","running_metrics":["a b"]}}"#,
+        );
+        assert_eq!(e.field, "scrape.running_metrics");
+        let e =
+            bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_running_metrics":["x=1"]}}"#);
+        assert_eq!(e.field, "load.orca_running_metrics[0]");
         let e = bad("not json");
         assert!(e.to_string().contains("invalid prefix-router config"));
     }

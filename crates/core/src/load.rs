@@ -32,8 +32,18 @@ use std::collections::HashMap;
 /// Replica-reported load, with the time it was received.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Report {
-    /// Queue depth (sum of the configured metrics).
+    /// Queue depth: requests waiting to be admitted (sum of the configured
+    /// queue metrics).
     pub queue: f64,
+    /// Requests the replica is running (prefilling or decoding; sum of the
+    /// configured running metrics, 0 when none are configured or reported).
+    /// Counted in the load the bound sees, not in the queue the cost rule
+    /// prices.
+    pub running: f64,
+    /// This proxy's own in-flight requests at the host when the report was
+    /// taken: they are part of the replica's counts, so the report's
+    /// requests beyond them are someone else's ([`HostLoad::others`]).
+    pub own: u64,
     /// When it was received (ms, host clock).
     pub at_ms: u64,
 }
@@ -65,9 +75,28 @@ impl HostLoad {
         }
     }
 
-    /// `max(inflight, fresh reported queue)`.
+    /// Requests in the replica that are someone else's (other proxies,
+    /// direct clients): the fresh report's waiting + running requests
+    /// beyond this proxy's own in flight there when the report was taken
+    /// (0 without a fresh report). Subtracting the proxy's own count as of
+    /// the report, not as of now, keeps a report that lags behind this
+    /// proxy's own requests from counting them twice or after they ended.
+    pub fn others(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+        match self.report {
+            Some(r) if now_ms.saturating_sub(r.at_ms) <= ttl_ms => {
+                let t = r.queue.max(0.0) + r.running.max(0.0);
+                // `as` saturates (and maps NaN to 0).
+                (t.ceil() as u64).saturating_sub(r.own)
+            }
+            _ => 0,
+        }
+    }
+
+    /// The load the bound counts: this proxy's in-flight requests plus
+    /// [`HostLoad::others`] (with one proxy and no other clients, exactly
+    /// its in-flight count; with several, the fleet's).
     pub fn effective(&self, now_ms: u64, ttl_ms: u64) -> u64 {
-        self.inflight.max(self.reported(now_ms, ttl_ms))
+        self.inflight.saturating_add(self.others(now_ms, ttl_ms))
     }
 }
 
@@ -242,16 +271,26 @@ pub fn add_counter<S: SharedStore + ?Sized>(
     })
 }
 
+/// A host's shared in-flight count (0 if absent).
+pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<u64, StoreError> {
+    let (v, _) = store.get(&inflight_key(address))?;
+    Ok(decode_u64(v.as_deref()))
+}
+
 /// Store a report for a host (last writer wins: a report is a snapshot).
 pub fn store_report<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
     r: Report,
 ) -> Result<(), StoreError> {
-    let mut b = [0u8; 16];
-    let (q, t) = b.split_at_mut(8);
+    let mut b = [0u8; 32];
+    let (q, rest) = b.split_at_mut(8);
+    let (t, rest) = rest.split_at_mut(8);
+    let (run, own) = rest.split_at_mut(8);
     q.copy_from_slice(&r.queue.to_le_bytes());
     t.copy_from_slice(&r.at_ms.to_le_bytes());
+    run.copy_from_slice(&r.running.to_le_bytes());
+    own.copy_from_slice(&r.own.to_le_bytes());
     store.set(&report_key(address), &b, None)
 }
 
@@ -265,8 +304,19 @@ pub fn read_load<S: SharedStore + ?Sized>(
     let (r, _) = store.get(&report_key(address))?;
     let report = r.and_then(|b| {
         let (q, t) = (b.get(..8)?, b.get(8..16)?);
+        // 16-byte values (written before the running count) read as
+        // running = 0, own = 0.
+        let (running, own) = match (b.get(16..24), b.get(24..32)) {
+            (Some(r), Some(o)) => (
+                f64::from_le_bytes(r.try_into().ok()?),
+                u64::from_le_bytes(o.try_into().ok()?),
+            ),
+            _ => (0.0, 0),
+        };
         Some(Report {
             queue: f64::from_le_bytes(q.try_into().ok()?),
+            running,
+            own,
             at_ms: u64::from_le_bytes(t.try_into().ok()?),
         })
     });
@@ -363,27 +413,80 @@ mod tests {
 
     #[test]
     fn effective_load_uses_fresh_reports_only() {
+        // 9.2 waiting reported while this proxy had nothing there: all
+        // someone else's, on top of the 2 now in flight.
         let l = HostLoad {
             inflight: 2,
             report: Some(Report {
                 queue: 9.2,
+                running: 0.0,
+                own: 0,
                 at_ms: 1000,
             }),
             ejected: false,
             pending_prefill_tokens: 0,
         };
-        assert_eq!(l.effective(1500, 1000), 10);
+        assert_eq!(l.others(1500, 1000), 10);
+        assert_eq!(l.effective(1500, 1000), 12);
         assert_eq!(l.effective(2001, 1000), 2);
-        let low = HostLoad {
+        // The replica counted 1 of this proxy's requests, and the 5 now in
+        // flight include it: nobody else's.
+        let own = HostLoad {
             inflight: 5,
             report: Some(Report {
                 queue: 1.0,
+                running: 0.0,
+                own: 5,
                 at_ms: 0,
             }),
             ejected: false,
             pending_prefill_tokens: 0,
         };
-        assert_eq!(low.effective(0, 10), 5);
+        assert_eq!(own.effective(0, 10), 5);
+        // Running requests count in the bound's load (the fleet's view with
+        // several proxies), not in the reported queue; this proxy's own 3
+        // at report time are not counted twice, and a report taken while 3
+        // of its requests ran does not keep counting them after they ended.
+        let fleet = HostLoad {
+            inflight: 1,
+            report: Some(Report {
+                queue: 2.0,
+                running: 6.5,
+                own: 3,
+                at_ms: 0,
+            }),
+            ejected: false,
+            pending_prefill_tokens: 0,
+        };
+        assert_eq!(fleet.reported(0, 10), 2);
+        assert_eq!(fleet.others(0, 10), 6);
+        assert_eq!(fleet.effective(0, 10), 7);
+        assert_eq!(fleet.effective(11, 10), 1);
+        let stale = HostLoad {
+            inflight: 0,
+            report: Some(Report {
+                queue: 0.0,
+                running: 3.0,
+                own: 3,
+                at_ms: 0,
+            }),
+            ejected: false,
+            pending_prefill_tokens: 0,
+        };
+        assert_eq!(stale.effective(5, 10), 0);
+        // Garbage never overflows.
+        let huge = HostLoad {
+            inflight: u64::MAX,
+            report: Some(Report {
+                queue: f64::INFINITY,
+                running: f64::NAN,
+                own: 0,
+                at_ms: 0,
+            }),
+            ejected: false,
+            pending_prefill_tokens: 0,
+        };
+        assert_eq!(huge.effective(0, 10), u64::MAX);
     }
 
     #[test]
@@ -397,6 +500,8 @@ mod tests {
             "a",
             Report {
                 queue: 3.5,
+                running: 4.0,
+                own: 2,
                 at_ms: 77,
             },
         )
@@ -407,7 +512,23 @@ mod tests {
             l.report,
             Some(Report {
                 queue: 3.5,
+                running: 4.0,
+                own: 2,
                 at_ms: 77
+            })
+        );
+        // A value written before the running count existed (16 bytes).
+        let mut old = [0u8; 16];
+        old[..8].copy_from_slice(&2.0f64.to_le_bytes());
+        old[8..].copy_from_slice(&5u64.to_le_bytes());
+        s.set("prefix_router/report/c", &old, None).unwrap();
+        assert_eq!(
+            read_load(&s, "c").unwrap().report,
+            Some(Report {
+                queue: 2.0,
+                running: 0.0,
+                own: 0,
+                at_ms: 5
             })
         );
         assert_eq!(read_load(&s, "b").unwrap(), HostLoad::default());

@@ -706,6 +706,8 @@ mod tests {
         let mut reported = idle.clone();
         reported[owner].report = Some(Report {
             queue: 2.0,
+            running: 0.0,
+            own: 0,
             at_ms: 0,
         });
         let at = |now_ms: u64| {
@@ -772,6 +774,8 @@ mod tests {
         let mut loads = idle.clone();
         loads[host].report = Some(Report {
             queue: 100.0,
+            running: 0.0,
+            own: 0,
             at_ms: 0,
         });
         let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 5);

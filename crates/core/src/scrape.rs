@@ -4,9 +4,11 @@
 //! The adapter fetches the text; this module sums the samples of the
 //! configured metric names (every label set, or only those whose
 //! `model_name` label matches when a model is given) into one queue depth.
-//! Presets: vLLM `vllm:num_requests_waiting` (+ optionally
-//! `vllm:num_requests_running`), SGLang `sglang:num_queue_reqs`
-//! (+ `sglang:num_running_reqs`). O(size of the text).
+//! The same sum over `scrape.running_metrics` gives the running count
+//! (`Report::running`, counted by the bound, not priced by the cost rule).
+//! Presets: vLLM `vllm:num_requests_waiting` and
+//! `vllm:num_requests_running`, SGLang `sglang:num_queue_reqs` and
+//! `sglang:num_running_reqs`. O(size of the text).
 //!
 //! ## Restart detection
 //! The scrape also reads a counter that only a restart (or a cache reset)

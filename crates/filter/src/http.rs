@@ -255,8 +255,15 @@ impl Http {
         };
         let cfg = self.st.router.config();
         let mut queue: Option<f64> = None;
+        let mut running = 0.0;
         if cfg.load.orca_format.is_some() {
             if let Ok(Some(v)) = host::response_header(ORCA_HEADER) {
+                if !cfg.load.orca_running_metrics.is_empty() {
+                    // Errors are counted once, below, by the queue parse.
+                    if let Ok(Some(r)) = load::parse_orca(&v, &cfg.load.orca_running_metrics) {
+                        running = r;
+                    }
+                }
                 match load::parse_orca(&v, &cfg.load.orca_metrics) {
                     Ok(q) => queue = q,
                     Err(e) => {
@@ -287,7 +294,22 @@ impl Http {
         }
         let Some(q) = queue else { return };
         let Some(at_ms) = self.now() else { return };
-        match load::store_report(&SharedData, &served, Report { queue: q, at_ms }) {
+        // This Envoy's own requests at the host, as of this report (this
+        // request included: it is still in flight).
+        let own = match load::read_inflight(&SharedData, &served) {
+            Ok(n) => n,
+            Err(e) => {
+                self.host_error("reading shared in-flight", e);
+                0
+            }
+        };
+        let report = Report {
+            queue: q,
+            running,
+            own,
+            at_ms,
+        };
+        match load::store_report(&SharedData, &served, report) {
             Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
             Err(e) => self.host_error("storing a load report", e),
         }

@@ -197,8 +197,42 @@ impl Scraper {
                 return;
             }
         };
+        // The running count is optional: absent or unreadable counts 0.
+        let running = if sc.running_metrics.is_empty() {
+            0.0
+        } else {
+            match queue_depth(&text, &sc.running_metrics) {
+                Ok(r) => r.unwrap_or(0.0),
+                Err(e) => {
+                    metrics.inc(metrics.scrape_errors, 1);
+                    host::log(
+                        LogLevel::Debug,
+                        &format!("prefix-router: scrape of {addr}: {e}"),
+                    );
+                    0.0
+                }
+            }
+        };
         let at_ms = host::now_ms().unwrap_or(0);
-        match load::store_report(&SharedData, &addr, Report { queue: q, at_ms }) {
+        // This Envoy's own requests at the host as of this scrape.
+        let own = match load::read_inflight(&SharedData, &addr) {
+            Ok(n) => n,
+            Err(e) => {
+                metrics.inc(metrics.host_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: reading in-flight of {addr}: {e:?}"),
+                );
+                0
+            }
+        };
+        let report = Report {
+            queue: q,
+            running,
+            own,
+            at_ms,
+        };
+        match load::store_report(&SharedData, &addr, report) {
             Ok(()) => metrics.inc(metrics.scrapes, 1),
             Err(e) => {
                 metrics.inc(metrics.scrape_errors, 1);

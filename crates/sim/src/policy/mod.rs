@@ -141,6 +141,7 @@ pub const NAMES: &[&str] = &[
 
 /// What `--policy all` runs, in table order.
 pub const ALL: &[&str] = &[
+    "prefix-router-cost",
     "prefix-router",
     "prefix-router:mode=prefix",
     "prefix-router:floor=0",

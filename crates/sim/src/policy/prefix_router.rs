@@ -56,7 +56,7 @@ impl Default for Params {
             prefix_bytes: d.key.prefix_bytes,
             vnodes: d.vnodes,
             chunk_bytes: d.chunk_bytes,
-            use_reports: Reports::Waiting,
+            use_reports: Reports::On,
         }
     }
 }
@@ -75,7 +75,8 @@ impl Params {
                 "reports" => {
                     p.use_reports = match v.as_str() {
                         "off" => Reports::Off,
-                        "on" | "waiting" => Reports::Waiting,
+                        "on" => Reports::On,
+                        "waiting" => Reports::Waiting,
                         "all" => Reports::All,
                         _ => {
                             return Err(SpecError(format!(
@@ -177,13 +178,21 @@ pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports
         l.inflight = view.inflight.get(h).copied().unwrap_or(0);
         l.report = match use_reports {
             Reports::Off => None,
-            Reports::Waiting | Reports::All => {
+            Reports::On | Reports::Waiting | Reports::All => {
                 view.reports.get(h).copied().flatten().map(|s| Report {
                     queue: if use_reports == Reports::All {
                         f64::from(s.waiting) + f64::from(s.running)
                     } else {
                         f64::from(s.waiting)
                     },
+                    running: if use_reports == Reports::On {
+                        f64::from(s.running)
+                    } else {
+                        0.0
+                    },
+                    // Reports are at most `--report-interval-ms` old: this
+                    // proxy's in-flight count now stands for its count then.
+                    own: l.inflight,
                     at_ms: (s.at * 1000.0).max(0.0) as u64,
                 })
             }
@@ -196,9 +205,15 @@ pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports
 pub enum Reports {
     /// In-flight counts only.
     Off,
-    /// `num_requests_waiting` (the filter's default).
+    /// `num_requests_waiting` as the queue and `num_requests_running` as
+    /// the running count (the filter's default): the bound sees waiting +
+    /// running, the cost rule prices the waiting.
+    On,
+    /// `num_requests_waiting` only (the filter's default before the
+    /// running count).
     Waiting,
-    /// `num_requests_waiting + num_requests_running`.
+    /// `num_requests_waiting + num_requests_running` as the queue (an
+    /// experiment: the cost rule then prices running requests as queued).
     All,
 }
 
