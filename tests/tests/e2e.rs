@@ -1544,3 +1544,50 @@ fn reported_running_requests_count_in_the_bound() {
         "without the running count the keys should have stayed\n{metrics_off}"
     );
 }
+
+// 20. The prefill rate is learned online (`cost.learn_prefill`): configured 4x too fast
+//     (64,000 tok/s), the filter learns what the backends really do (8,000 tok/s at time
+//     scale 0.5 = 16,000 tok/s, plus each response's fixed costs) from the time to first byte
+//     of streamed requests that had nothing ahead of them, and exports it as a gauge. Without
+//     `learn_prefill` no rate is learned.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn prefill_rate_is_learned_from_streamed_responses() {
+    let _g = serial();
+    let opts = backend_opts();
+    let real = opts.prefill_tokens_per_s / opts.time_scale;
+    let run = |label: &str, learn: bool| -> Option<f64> {
+        let lab = lab(
+            label,
+            EnvoyMode::PrefixRouter,
+            FilterConfig::Patched(json!({
+                "cost": {"learn_prefill": learn, "prefill_tokens_per_s": 64000.0}
+            })),
+        );
+        let agent = http::agent(Duration::from_secs(30));
+        // 24 new conversations one at a time, each with an ~8 KB document (~2,000 uncached
+        // tokens, nothing ahead of it).
+        for i in 0..24 {
+            let doc: String = (0..8000)
+                .map(|j| char::from(b'a' + ((i * 7 + j * 13) % 26) as u8))
+                .collect();
+            let r = chat(&agent, &lab, &format!("Learning run {label} {i}: {doc}"));
+            assert!(r.ok(), "request failed: {r:?}");
+        }
+        let samples = ok(ok(lab.envoy()).prometheus());
+        prom::matching(&samples, &["prefix_router", "prefill_tps"])
+            .first()
+            .map(|s| s.value)
+    };
+    let learned = run("e2e-learn", true).expect("no prefix_router_cost_prefill_tps gauge");
+    eprintln!("configured 64000 tok/s, backends {real} tok/s, learned {learned:.0} tok/s");
+    assert!(
+        learned > real * 0.5 && learned < real * 1.25,
+        "learned {learned:.0} tok/s, backends do {real:.0} tok/s (configured 64000)"
+    );
+    let off = run("e2e-learn-off", false);
+    assert!(
+        off.is_none_or(|v| v == 0.0),
+        "a rate was learned with learn_prefill off: {off:?}"
+    );
+}

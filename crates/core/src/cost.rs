@@ -240,6 +240,77 @@ impl CostParams {
     }
 }
 
+/// Learning the prefill rate online (`cost.learn_prefill`): the smallest
+/// uncached prompt a sample may have, tokens (below it a response's fixed
+/// costs, network and the first decode step, dominate its time).
+pub const LEARN_MIN_TOKENS: u64 = 512;
+/// Weight of a new sample in the learned rate's moving average (of its
+/// logarithm: a sample twice as fast moves the rate as much as one twice
+/// as slow).
+pub const LEARN_ALPHA: f64 = 0.2;
+/// The learned rate stays within `configured / LEARN_RANGE ..= configured x
+/// LEARN_RANGE`, so one bad stretch of samples cannot take the estimate
+/// anywhere.
+pub const LEARN_RANGE: f64 = 8.0;
+
+/// What one response says about a replica's prefill speed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillSample {
+    /// Prompt tokens the replica had to prefill: the prompt minus what the
+    /// index credited it with.
+    pub uncached_tokens: u64,
+    /// Milliseconds from routing the request to its first response byte
+    /// (a streamed response's headers come with the first token).
+    pub ttfb_ms: u64,
+    /// Prefill work known to be ahead of the request at that host when it
+    /// was routed (this router's pending tokens plus others' reported
+    /// waiting requests), tokens. Only samples with nothing ahead are used:
+    /// their time is the prefill itself.
+    pub ahead_tokens: u64,
+}
+
+/// The learned prefill rate after `s`: a moving average of
+/// `uncached_tokens / ttfb` (in log space, weight [`LEARN_ALPHA`]) clamped
+/// to [`LEARN_RANGE`] around `configured`. `None` when the sample says
+/// nothing about prefill speed (work was ahead of it, it was too small, or
+/// its time is 0). A `current` that is not a positive number restarts from
+/// `configured`.
+///
+/// The time to first byte also holds the network, the proxy and the first
+/// decode step, so the learned rate is a little slower than the replica's
+/// raw prefill: the rate a router should plan with.
+pub fn learn_prefill_rate(current: f64, configured: f64, s: &PrefillSample) -> Option<f64> {
+    if s.ahead_tokens > 0 || s.uncached_tokens < LEARN_MIN_TOKENS || s.ttfb_ms == 0 {
+        return None;
+    }
+    if !(configured.is_finite() && configured > 0.0) {
+        return None;
+    }
+    let cur = if current.is_finite() && current > 0.0 {
+        current
+    } else {
+        configured
+    };
+    let sample = s.uncached_tokens as f64 * 1000.0 / s.ttfb_ms as f64;
+    let next = (cur.ln() + LEARN_ALPHA * (sample.ln() - cur.ln())).exp();
+    Some(next.clamp(configured / LEARN_RANGE, configured * LEARN_RANGE))
+}
+
+impl CostParams {
+    /// These parameters with another prefill rate (the learned one); a rate
+    /// that is not a positive number leaves them unchanged.
+    pub fn with_prefill_rate(&self, tokens_per_s: f64) -> CostParams {
+        if tokens_per_s.is_finite() && tokens_per_s > 0.0 {
+            CostParams {
+                prefill_tokens_per_s: tokens_per_s,
+                ..*self
+            }
+        } else {
+            *self
+        }
+    }
+}
+
 /// A cost-rule choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostPlacement {
@@ -568,6 +639,51 @@ mod tests {
             }
         }
         Some(best)
+    }
+
+    #[test]
+    fn learns_the_prefill_rate_from_clean_samples() {
+        let s = |tokens, ms, ahead| PrefillSample {
+            uncached_tokens: tokens,
+            ttfb_ms: ms,
+            ahead_tokens: ahead,
+        };
+        // 4,000 tokens in 250 ms = 16,000 tok/s; configured 64,000.
+        let one = learn_prefill_rate(64_000.0, 64_000.0, &s(4_000, 250, 0)).unwrap();
+        let want = (64_000f64.ln() + 0.2 * (16_000f64.ln() - 64_000f64.ln())).exp();
+        assert!((one - want).abs() < 1e-6, "{one}");
+        // Converges: 30 samples bring it within 1 % of the truth.
+        let mut r = 64_000.0;
+        for _ in 0..30 {
+            r = learn_prefill_rate(r, 64_000.0, &s(4_000, 250, 0)).unwrap();
+        }
+        assert!((r / 16_000.0 - 1.0).abs() < 0.01, "{r}");
+        // Unusable samples: work ahead, too small, no time.
+        assert_eq!(learn_prefill_rate(r, 64_000.0, &s(4_000, 250, 1)), None);
+        assert_eq!(learn_prefill_rate(r, 64_000.0, &s(511, 250, 0)), None);
+        assert_eq!(learn_prefill_rate(r, 64_000.0, &s(4_000, 0, 0)), None);
+        assert_eq!(learn_prefill_rate(r, 0.0, &s(4_000, 250, 0)), None);
+        // Clamped to 8x either way, whatever the samples say.
+        let mut r = 16_000.0;
+        for _ in 0..200 {
+            r = learn_prefill_rate(r, 16_000.0, &s(1_000_000, 1, 0)).unwrap();
+        }
+        assert_eq!(r, 128_000.0);
+        for _ in 0..200 {
+            r = learn_prefill_rate(r, 16_000.0, &s(512, 3_600_000, 0)).unwrap();
+        }
+        assert_eq!(r, 2_000.0);
+        // A garbage current value restarts from the configured rate.
+        let g = learn_prefill_rate(f64::NAN, 16_000.0, &s(4_000, 250, 0)).unwrap();
+        assert!((g - 16_000.0).abs() < 1e-6);
+        // The rate reaches the estimate.
+        let p = CostParams::default().with_prefill_rate(8_000.0);
+        assert_eq!(p.prefill_tokens_per_s, 8_000.0);
+        assert!((p.estimate_s(0, 0, 32_000, 0) - 1.0).abs() < 1e-12);
+        assert_eq!(
+            CostParams::default().with_prefill_rate(-1.0),
+            CostParams::default()
+        );
     }
 
     #[test]

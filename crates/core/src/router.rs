@@ -395,12 +395,25 @@ impl Router {
         index: &I,
         now_ms: u64,
     ) -> Decision {
+        self.place_cost_with(key, prompt, loads, index, now_ms, &self.cfg.cost.params)
+    }
+
+    /// [`Router::place_cost`] with other cost parameters (e.g. the config's
+    /// with a learned prefill rate, [`crate::cost::CostParams::with_prefill_rate`]).
+    pub fn place_cost_with<I: PrefixLookup + ?Sized>(
+        &self,
+        key: Key,
+        prompt: &PromptChain,
+        loads: &[HostLoad],
+        index: &I,
+        now_ms: u64,
+        params: &crate::cost::CostParams,
+    ) -> Decision {
         if !self.cfg.cost.enabled {
             return self.place(key, loads, now_ms);
         }
         let (eff, eligible) = self.loads(loads, now_ms);
         let ttl = self.cfg.load.report_ttl_ms;
-        let params = &self.cfg.cost.params;
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
                 loads.get(i).map_or(0, |l| {
@@ -424,7 +437,7 @@ impl Router {
             prompt.bytes,
             index,
             now_ms,
-            &self.cfg.cost.params,
+            params,
         ) {
             Some(p) => Decision::Routed {
                 host: p.host,

@@ -584,10 +584,71 @@ pub fn read_pending_tokens<S: SharedStore + ?Sized>(
     Ok(crate::load::decode_u64(v.as_deref()))
 }
 
+/// Shared-data key of the learned prefill rate (`cost.learn_prefill`): one
+/// f64, tokens per second, shared by the workers of one Envoy.
+pub const LEARNED_PREFILL_KEY: &str = "prefix_router/learn/prefill_tps";
+
+fn decode_f64(v: Option<&[u8]>) -> Option<f64> {
+    v.and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(f64::from_le_bytes)
+        .filter(|x| x.is_finite() && *x > 0.0)
+}
+
+/// The learned prefill rate, `None` before the first usable sample (or if
+/// the stored value is garbage).
+pub fn read_learned_prefill<S: SharedStore + ?Sized>(store: &S) -> Result<Option<f64>, StoreError> {
+    let (v, _) = store.get(LEARNED_PREFILL_KEY)?;
+    Ok(decode_f64(v.as_deref()))
+}
+
+/// Fold one response into the learned prefill rate
+/// ([`crate::cost::learn_prefill_rate`]) with a compare-and-swap, so
+/// concurrent workers lose no sample. Returns the new rate, or `None` if
+/// the sample was not usable (nothing is written then).
+pub fn learn_prefill<S: SharedStore + ?Sized>(
+    store: &S,
+    configured: f64,
+    sample: &crate::cost::PrefillSample,
+) -> Result<Option<f64>, StoreError> {
+    cas_update(store, LEARNED_PREFILL_KEY, |v| {
+        let cur = decode_f64(v).unwrap_or(configured);
+        match crate::cost::learn_prefill_rate(cur, configured, sample) {
+            Some(r) => (Some(r.to_le_bytes()), Some(r)),
+            None => (None, None),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::load::MemStore;
+
+    #[test]
+    fn learned_prefill_rate_round_trip() {
+        let s = MemStore::default();
+        assert_eq!(read_learned_prefill(&s), Ok(None));
+        let sample = crate::cost::PrefillSample {
+            uncached_tokens: 4_000,
+            ttfb_ms: 250,
+            ahead_tokens: 0,
+        };
+        let r = learn_prefill(&s, 64_000.0, &sample).unwrap().unwrap();
+        assert!(r < 64_000.0 && r > 16_000.0, "{r}");
+        assert_eq!(read_learned_prefill(&s), Ok(Some(r)));
+        // An unusable sample writes nothing.
+        let busy = crate::cost::PrefillSample {
+            ahead_tokens: 10,
+            ..sample
+        };
+        assert_eq!(learn_prefill(&s, 64_000.0, &busy), Ok(None));
+        assert_eq!(read_learned_prefill(&s), Ok(Some(r)));
+        // Garbage in the store reads as nothing and restarts from the config.
+        s.set(LEARNED_PREFILL_KEY, b"xx", None).unwrap();
+        assert_eq!(read_learned_prefill(&s), Ok(None));
+        let again = learn_prefill(&s, 64_000.0, &sample).unwrap().unwrap();
+        assert!((again - r).abs() < 1e-6);
+    }
 
     /// `observe` as a `Result` of the entries written.
     fn obs<S: SharedStore + ?Sized>(

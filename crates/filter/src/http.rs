@@ -24,7 +24,7 @@
 
 use std::rc::Rc;
 
-use prefix_router_core::cost::QueueMode;
+use prefix_router_core::cost::{self, QueueMode};
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
 use prefix_router_core::load::{self, HostLoad, Report};
@@ -62,6 +62,10 @@ pub struct Http {
     /// Cost rule with `queue = tokens`: address and prompt tokens this
     /// request holds in the shared pending-prefill count.
     pending: Option<(String, u64)>,
+    /// `cost.learn_prefill`: (chosen host, uncached tokens, routing time,
+    /// work known ahead of it there) for the prefill-rate sample taken at
+    /// the response headers.
+    learn: Option<(usize, u64, u64, u64)>,
 }
 
 impl Http {
@@ -78,6 +82,7 @@ impl Http {
             chain: Vec::new(),
             prompt_bytes: 0,
             pending: None,
+            learn: None,
         }
     }
 
@@ -151,6 +156,14 @@ impl Http {
             }
             loads.push(l);
         }
+        let mut params = cfg.cost.params;
+        if cost_on && cfg.cost.learn_prefill {
+            match shared_index::read_learned_prefill(&SharedData) {
+                Ok(Some(r)) => params = params.with_prefill_rate(r),
+                Ok(None) => {}
+                Err(e) => self.host_error("reading the learned prefill rate", e),
+            }
+        }
         let mut prompt_bytes = 0u64;
         let d = if cost_on {
             match self
@@ -160,7 +173,10 @@ impl Http {
             {
                 Ok((key, chain)) => {
                     let view = SharedLookup::new(&SharedData, cfg.cost.shared);
-                    let d = self.st.router.place_cost(key, &chain, &loads, &view, now);
+                    let d = self
+                        .st
+                        .router
+                        .place_cost_with(key, &chain, &loads, &view, now, &params);
                     let (n, first) = view.errors();
                     if n > 0 {
                         self.st
@@ -194,6 +210,26 @@ impl Http {
             match load::add_inflight(&SharedData, &h.address, 1) {
                 Ok(_) => self.inflight = Some(h.address.clone()),
                 Err(e) => self.host_error("counting in-flight", e),
+            }
+            if cost_on && cfg.cost.learn_prefill {
+                if let Some(l) = loads.get(idx) {
+                    let ttl = cfg.load.report_ttl_ms;
+                    // Work ahead of this request there: pending prefill
+                    // tokens and others' waiting requests (tokens mode), or
+                    // any request of ours in flight (requests mode, which
+                    // does not track tokens).
+                    let mut ahead = cost::pending_with_report(
+                        l.pending_prefill_tokens,
+                        l.inflight,
+                        l.reported(now, ttl),
+                        &params,
+                    );
+                    if !tokens_mode {
+                        ahead = ahead.saturating_add(l.inflight);
+                    }
+                    let uncached = params.pending_tokens(prompt_bytes, cached.unwrap_or(0));
+                    self.learn = Some((idx, uncached, now, ahead));
+                }
             }
             if tokens_mode {
                 let tokens = cfg
@@ -362,6 +398,55 @@ impl Http {
 
     /// Cost rule: record this request's chain under the host that served
     /// it (2xx responses only; at most once).
+    /// `cost.learn_prefill`: a streamed 2xx response from the chosen host
+    /// whose request had no work ahead of it is a prefill-rate sample (its
+    /// headers come with the first token).
+    fn learn_prefill(&mut self) {
+        let Some((idx, uncached, start, ahead)) = self.learn.take() else {
+            return;
+        };
+        if self.served_host().map(|(_, i)| i) != Some(idx) {
+            return;
+        }
+        let streamed = matches!(
+            host::response_header("content-type"),
+            Ok(Some(v)) if v.trim_start().to_ascii_lowercase().starts_with("text/event-stream")
+        );
+        let ok = matches!(
+            host::response_header(":status"),
+            Ok(Some(v)) if v.trim().parse::<u16>().is_ok_and(|c| (200..300).contains(&c))
+        );
+        if !streamed || !ok {
+            return;
+        }
+        let Some(now) = self.now() else { return };
+        let sample = cost::PrefillSample {
+            uncached_tokens: uncached,
+            ttfb_ms: now.saturating_sub(start),
+            ahead_tokens: ahead,
+        };
+        let configured = self.st.router.config().cost.params.prefill_tokens_per_s;
+        match shared_index::learn_prefill(&SharedData, configured, &sample) {
+            Ok(Some(r)) => {
+                // `as` saturates; the rate is within 8x of a validated config value.
+                self.st
+                    .metrics
+                    .set(self.st.metrics.prefill_tps, r.round() as u64);
+                if host::log_enabled(LogLevel::Debug) {
+                    host::log(
+                        LogLevel::Debug,
+                        &format!(
+                            "prefix-router: prefill sample {uncached} tokens in {} ms; learned {r:.0} tok/s",
+                            sample.ttfb_ms
+                        ),
+                    );
+                }
+            }
+            Ok(None) => {}
+            Err(e) => self.host_error("updating the learned prefill rate", e),
+        }
+    }
+
     fn observe_index(&mut self) {
         if self.chain.is_empty() {
             return;
@@ -519,6 +604,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.release_pending();
+        self.learn_prefill();
         self.read_report();
         self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {

@@ -20,6 +20,7 @@
 //! | `prefix_router.index.used_bytes` | `cost.mode = on`: gauge, bytes the shared index holds now (sum of every VM's changes; this process's lifetime) |
 //! | `prefix_router.index.forget.{restart,ejected,hosts_changed}` | `cost.mode = on`: times a host's index entries were dropped: the scrape saw its restart counter go down, passive health ejected it, the host list changed |
 //! | `prefix_router.index.forget.capacity` | `cost.mode = on`: times a host's capacity horizon moved (`cost.host_tokens` newer tokens pushed older entries out of its cache) |
+//! | `prefix_router.cost.prefill_tps` | `cost.learn_prefill`: gauge, the learned prefill rate in tokens per second (set at each usable sample) |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
@@ -49,6 +50,7 @@ pub struct Metrics {
     pub forget_hosts: u32,
     pub forget_capacity: u32,
     pub vm_memory: u32,
+    pub prefill_tps: u32,
     per_host: Vec<u32>,
 }
 
@@ -126,6 +128,11 @@ impl Metrics {
                 0
             },
             vm_memory: def_gauge("prefix_router.vm.memory_bytes"),
+            prefill_tps: if cfg.cost.enabled && cfg.cost.learn_prefill {
+                def_gauge("prefix_router.cost.prefill_tps")
+            } else {
+                0
+            },
             per_host: cfg
                 .hosts
                 .iter()
