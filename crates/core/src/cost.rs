@@ -113,9 +113,10 @@
 //! the request unless another candidate is estimated more than
 //! `stay_margin_s` faster; 0 is the plain argmin. The bound is untouched
 //! (only candidates under capacity are considered). Measured in Envoy on
-//! the demo's document chat (one run, seed 3): argmin kept 94.3 % of turns
-//! on their conversation's replica with a 76.7 % hit rate; the 0.1 s margin
-//! kept 100 % with 80.1 % and a lower TTFT p90 (142 against 147 ms).
+//! the demo's document chat, side by side in one run (seed 3, BENCHMARKS
+//! "Envoy lab"): argmin kept 94.0 % of turns on their conversation's
+//! replica at a 75.2 % hit rate and TTFT p90 148 ms; the 0.1 s margin kept
+//! 100 % at 81.4 % and 133 ms.
 //!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
