@@ -174,22 +174,22 @@ impl Backend {
 
     /// `POST /admin/queue {"extra_waiting": n}`: fake a reported queue of `n` waiting requests.
     pub fn set_extra_waiting(&self, n: u64) -> Result<()> {
-        let body = serde_json::json!({ "extra_waiting": n }).to_string();
-        let r = http::post(&self.agent, &self.url("/admin/queue"), &[], &body)?;
-        if !(200..300).contains(&r.status) {
-            return Err(LabError(format!(
-                "backend {}: POST /admin/queue answered {}: {}",
-                self.name, r.status, r.body
-            )));
-        }
-        Ok(())
+        self.post_queue(serde_json::json!({ "extra_waiting": n }))
     }
 
     /// `POST /admin/queue {"extra_running": n}`: fake `n` more running requests in the
     /// replica's reports (other clients' work), leaving the waiting count alone.
     pub fn set_extra_running(&self, n: u64) -> Result<()> {
-        let body = serde_json::json!({ "extra_running": n }).to_string();
-        let r = http::post(&self.agent, &self.url("/admin/queue"), &[], &body)?;
+        self.post_queue(serde_json::json!({ "extra_running": n }))
+    }
+
+    fn post_queue(&self, body: serde_json::Value) -> Result<()> {
+        let r = http::post(
+            &self.agent,
+            &self.url("/admin/queue"),
+            &[],
+            &body.to_string(),
+        )?;
         if !(200..300).contains(&r.status) {
             return Err(LabError(format!(
                 "backend {}: POST /admin/queue answered {}: {}",

@@ -97,6 +97,29 @@ fn chat(agent: &ureq::Agent, lab: &Lab, user: &str) -> RequestRecord {
     rec
 }
 
+/// One request per key, in order: each key's replica, the first key's replica, and the keys
+/// that landed there.
+fn warm_up<'k>(
+    agent: &ureq::Agent,
+    lab: &Lab,
+    keys: &'k [String],
+) -> (Vec<String>, String, Vec<&'k String>) {
+    let mut home = Vec::new();
+    for k in keys {
+        let r = chat(agent, lab, k);
+        assert!(r.ok(), "warm-up request failed: {r:?}");
+        home.push(r.backend.clone().unwrap_or_default());
+    }
+    let first = home.first().cloned().unwrap_or_default();
+    let on_first = keys
+        .iter()
+        .zip(&home)
+        .filter(|(_, h)| **h == first)
+        .map(|(k, _)| k)
+        .collect();
+    (home, first, on_first)
+}
+
 // 1. Multi-turn conversations stick to one replica, and the prefix cache pays off.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
@@ -194,19 +217,7 @@ fn load_spike_moves_keyed_traffic_away_and_back() {
     let keys: Vec<String> = (0..16)
         .map(|i| format!("Spike test conversation {i}: please summarize ticket {i}."))
         .collect();
-    let mut home = Vec::new();
-    for k in &keys {
-        let r = chat(&agent, &lab, k);
-        assert!(r.ok(), "warm-up request failed: {r:?}");
-        home.push(r.backend.clone().unwrap_or_default());
-    }
-    let spiked = home[0].clone();
-    let on_spiked: Vec<&String> = keys
-        .iter()
-        .zip(&home)
-        .filter(|(_, h)| **h == spiked)
-        .map(|(k, _)| k)
-        .collect();
+    let (home, spiked, on_spiked) = warm_up(&agent, &lab, &keys);
     eprintln!(
         "homes: {home:?}; spiking {spiked} ({} keys)",
         on_spiked.len()
@@ -1498,19 +1509,7 @@ fn reported_running_requests_count_in_the_bound() {
         let keys: Vec<String> = (0..16)
             .map(|i| format!("Running-load test conversation {i}: summarize ticket {i}."))
             .collect();
-        let mut home = Vec::new();
-        for k in &keys {
-            let r = chat(&agent, &lab, k);
-            assert!(r.ok(), "warm-up request failed: {r:?}");
-            home.push(r.backend.clone().unwrap_or_default());
-        }
-        let busy = home[0].clone();
-        let on_busy: Vec<&String> = keys
-            .iter()
-            .zip(&home)
-            .filter(|(_, h)| **h == busy)
-            .map(|(k, _)| k)
-            .collect();
+        let (_, busy, on_busy) = warm_up(&agent, &lab, &keys);
         ok(ok(lab.backend(&busy)).set_extra_running(40));
         // One request to the busy replica brings its (ORCA) report back to the filter.
         let refresh = chat(&agent, &lab, &keys[0]);

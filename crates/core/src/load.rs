@@ -277,6 +277,30 @@ pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Resul
     Ok(decode_u64(v.as_deref()))
 }
 
+/// Store what a replica reported (`queue` waiting, `running` requests) at
+/// `at_ms`, with this proxy's own in-flight count at the host as of now
+/// ([`Report::own`]), so that [`HostLoad::others`] can tell the proxy's
+/// requests from everyone else's.
+pub fn record_report<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    queue: f64,
+    running: f64,
+    at_ms: u64,
+) -> Result<(), StoreError> {
+    let own = read_inflight(store, address)?;
+    store_report(
+        store,
+        address,
+        Report {
+            queue,
+            running,
+            own,
+            at_ms,
+        },
+    )
+}
+
 /// Store a report for a host (last writer wins: a report is a snapshot).
 pub fn store_report<S: SharedStore + ?Sized>(
     store: &S,
@@ -517,6 +541,13 @@ mod tests {
                 at_ms: 77
             })
         );
+        // record_report takes this proxy's in-flight count as `own`.
+        add_inflight(&s, "d", 3).unwrap();
+        record_report(&s, "d", 1.0, 4.0, 9).unwrap();
+        let d = read_load(&s, "d").unwrap();
+        assert_eq!(d.report.map(|r| r.own), Some(3));
+        assert_eq!(d.others(9, 10), 2);
+        assert_eq!(d.effective(9, 10), 5);
         // A value written before the running count existed (16 bytes).
         let mut old = [0u8; 16];
         old[..8].copy_from_slice(&2.0f64.to_le_bytes());

@@ -27,7 +27,7 @@ use std::rc::Rc;
 use prefix_router_core::cost::{self, QueueMode};
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
-use prefix_router_core::load::{self, HostLoad, Report};
+use prefix_router_core::load::{self, HostLoad};
 use prefix_router_core::shared_index::{self, SharedLookup};
 use prefix_router_core::{Decision, FallbackCause, RequestHead};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -330,22 +330,9 @@ impl Http {
         }
         let Some(q) = queue else { return };
         let Some(at_ms) = self.now() else { return };
-        // This Envoy's own requests at the host, as of this report (this
+        // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
-        let own = match load::read_inflight(&SharedData, &served) {
-            Ok(n) => n,
-            Err(e) => {
-                self.host_error("reading shared in-flight", e);
-                0
-            }
-        };
-        let report = Report {
-            queue: q,
-            running,
-            own,
-            at_ms,
-        };
-        match load::store_report(&SharedData, &served, report) {
+        match load::record_report(&SharedData, &served, q, running, at_ms) {
             Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
             Err(e) => self.host_error("storing a load report", e),
         }

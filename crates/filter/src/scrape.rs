@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prefix_router_core::config::{Config, ScrapeConfig};
-use prefix_router_core::load::{self, Report, SharedStore, StoreError, CAS_RETRIES};
+use prefix_router_core::load::{self, SharedStore, StoreError, CAS_RETRIES};
 use prefix_router_core::scrape::{counter_reset, first_counter, queue_depth};
 use prefix_router_core::shared_index;
 use proxy_wasm::hostcalls;
@@ -214,25 +214,7 @@ impl Scraper {
             }
         };
         let at_ms = host::now_ms().unwrap_or(0);
-        // This Envoy's own requests at the host as of this scrape.
-        let own = match load::read_inflight(&SharedData, &addr) {
-            Ok(n) => n,
-            Err(e) => {
-                metrics.inc(metrics.host_errors, 1);
-                host::log(
-                    LogLevel::Warn,
-                    &format!("prefix-router: reading in-flight of {addr}: {e:?}"),
-                );
-                0
-            }
-        };
-        let report = Report {
-            queue: q,
-            running,
-            own,
-            at_ms,
-        };
-        match load::store_report(&SharedData, &addr, report) {
+        match load::record_report(&SharedData, &addr, q, running, at_ms) {
             Ok(()) => metrics.inc(metrics.scrapes, 1),
             Err(e) => {
                 metrics.inc(metrics.scrape_errors, 1);
