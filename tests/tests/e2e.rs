@@ -859,7 +859,7 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
             *after.entry(b).or_default() += 1;
             if r.decision
                 .as_deref()
-                .is_some_and(|d| d.contains("outcome=spill"))
+                .is_some_and(|d| d.contains("outcome=spill") || d.contains("outcome=moved"))
             {
                 moved += 1;
             }

@@ -125,15 +125,22 @@ pub enum Decision {
         /// Cost rule only: prefix bytes the prefix index believed the
         /// chosen host holds (`None` when the plain ring decided).
         cached: Option<u64>,
+        /// Cost rule only: a later candidate won on its estimate (a cached
+        /// prefix there, or a shorter queue) over the first host under the
+        /// bound; `false` when the bound alone explains the choice.
+        moved: bool,
     },
     /// Leave it to Envoy's load balancing.
     Fallback(FallbackCause),
 }
 
 impl Decision {
-    /// `hit`, `spill` or `fallback`.
+    /// `hit` (the key's ring owner), `moved` (the cost rule preferred a
+    /// later candidate), `spill` (hosts before it on the walk were at
+    /// their bound) or `fallback`.
     pub fn outcome(&self) -> &'static str {
         match self {
+            Decision::Routed { moved: true, .. } => "moved",
             Decision::Routed { skipped: 0, .. } => "hit",
             Decision::Routed { .. } => "spill",
             Decision::Fallback(_) => "fallback",
@@ -141,7 +148,8 @@ impl Decision {
     }
 
     /// The decision header / log value, e.g.
-    /// `outcome=spill;host=10.0.0.2:8000;source=prompt;skipped=1;key=00ab…;bytes=812`.
+    /// `outcome=spill;host=10.0.0.2:8000;source=prompt;skipped=1;key=00ab…;bytes=812`
+    /// (`outcome=` is [`Decision::outcome`]).
     pub fn describe(&self, cfg: &Config) -> String {
         let mut s = String::with_capacity(96);
         match self {
@@ -150,6 +158,7 @@ impl Decision {
                 skipped,
                 key,
                 cached,
+                ..
             } => {
                 let addr = cfg
                     .hosts
@@ -444,6 +453,7 @@ impl Router {
                 skipped: p.rank,
                 key,
                 cached: Some(p.cached_bytes),
+                moved: p.moved,
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -476,6 +486,7 @@ impl Router {
                 skipped: p.skipped,
                 key,
                 cached: None,
+                moved: false,
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -682,8 +693,10 @@ mod tests {
         // learns that, and an idle fleet now prefers it.
         ix.observe(walk[1], &chain.hashes, 1);
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 2);
-        assert_eq!(d.outcome(), "spill");
-        assert!(matches!(d, Decision::Routed { host, skipped: 1, .. } if host == walk[1]));
+        assert_eq!(d.outcome(), "moved");
+        assert!(
+            matches!(d, Decision::Routed { host, skipped: 1, moved: true, .. } if host == walk[1])
+        );
         // A long queue there outweighs the ~1,000 cached tokens (0.07 s):
         // 3 requests' worth of prefill ahead (the default token queue) ...
         let mut busy = idle.clone();
@@ -876,6 +889,7 @@ mod tests {
                 bytes_hashed: 12,
             },
             cached: None,
+            moved: false,
         };
         assert_eq!(
             d.describe(r.config()),
@@ -887,12 +901,27 @@ mod tests {
                 skipped: 1,
                 key,
                 cached: Some(4096),
+                moved: false,
             },
             other => other,
         };
         assert_eq!(
             d.describe(r.config()),
             "outcome=spill;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096"
+        );
+        let d = match d {
+            Decision::Routed { host, key, .. } => Decision::Routed {
+                host,
+                skipped: 1,
+                key,
+                cached: Some(4096),
+                moved: true,
+            },
+            other => other,
+        };
+        assert_eq!(
+            d.describe(r.config()),
+            "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096"
         );
     }
 }

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | `prefix_router.routed.hit` | routed to the key's ring owner |
 //! | `prefix_router.routed.spill` | routed past the owner because it was at its load bound |
+//! | `prefix_router.routed.moved` | cost rule: routed to a later candidate that won on its estimate (its cached prefix, or a shorter queue) over the first host under the bound |
 //! | `prefix_router.spill_hops` | hosts skipped in total by spills |
 //! | `prefix_router.key.{prompt,session,user}` | where routed keys came from |
 //! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, host_error |
@@ -32,6 +33,7 @@ use proxy_wasm::types::MetricType;
 pub struct Metrics {
     hit: u32,
     spill: u32,
+    moved: u32,
     spill_hops: u32,
     key: [u32; 3],
     fallback: [u32; 8],
@@ -82,6 +84,7 @@ impl Metrics {
         Metrics {
             hit: def("prefix_router.routed.hit"),
             spill: def("prefix_router.routed.spill"),
+            moved: def("prefix_router.routed.moved"),
             spill_hops: def("prefix_router.spill_hops"),
             key,
             fallback,
@@ -166,9 +169,15 @@ impl Metrics {
     pub fn record(&self, d: &Decision) {
         match d {
             Decision::Routed {
-                host, skipped, key, ..
+                host,
+                skipped,
+                key,
+                moved,
+                ..
             } => {
-                if *skipped == 0 {
+                if *moved {
+                    self.inc(self.moved, 1);
+                } else if *skipped == 0 {
                     self.inc(self.hit, 1);
                 } else {
                     self.inc(self.spill, 1);
