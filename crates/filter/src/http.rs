@@ -211,6 +211,9 @@ impl Http {
                 Ok(_) => self.inflight = Some(h.address.clone()),
                 Err(e) => self.host_error("counting in-flight", e),
             }
+            // The prefill this request adds at the host: its prompt minus
+            // what the index credited the host with.
+            let uncached = params.pending_tokens(prompt_bytes, cached.unwrap_or(0));
             if cost_on && cfg.cost.learn_prefill {
                 if let Some(l) = loads.get(idx) {
                     let ttl = cfg.load.report_ttl_ms;
@@ -227,15 +230,11 @@ impl Http {
                     if !tokens_mode {
                         ahead = ahead.saturating_add(l.inflight);
                     }
-                    let uncached = params.pending_tokens(prompt_bytes, cached.unwrap_or(0));
                     self.learn = Some((idx, uncached, now, ahead));
                 }
             }
             if tokens_mode {
-                let tokens = cfg
-                    .cost
-                    .params
-                    .pending_tokens(prompt_bytes, cached.unwrap_or(0));
+                let tokens = uncached;
                 let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
                 if tokens > 0 {
                     match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
