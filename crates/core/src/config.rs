@@ -37,6 +37,7 @@
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
 //! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
+//! | `cost.inflight_s` | 0 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill); 0 = off. An experiment: it evens out request counts but moved turns off their cache in the Envoy demo (BENCHMARKS "The new default") |
 //! | `cost.learn_prefill` | false | Envoy filter: learn the prefill rate online from streamed responses (uncached prompt tokens / time to first byte, for requests routed with no known work ahead of them and at least 512 uncached tokens; a moving average of the logarithm with weight 0.2, kept within 8x of `prefill_tokens_per_s`, shared by the workers; gauge `prefix_router.cost.prefill_tps`) and use it instead of `prefill_tokens_per_s` |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
@@ -207,6 +208,8 @@ pub struct RawCost {
     pub stay_margin_s: f64,
     #[serde(default)]
     pub learn_prefill: bool,
+    #[serde(default)]
+    pub inflight_s: f64,
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
     #[serde(default = "d_bucket_entries")]
@@ -229,6 +232,7 @@ impl Default for RawCost {
             queue: d_cost_queue(),
             stay_margin_s: d_stay_margin_s(),
             learn_prefill: false,
+            inflight_s: 0.0,
             index_buckets: d_index_buckets(),
             bucket_entries: d_bucket_entries(),
         }
@@ -341,6 +345,13 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be >= 0 and <= 3600 (seconds)",
         ));
     }
+    if !(c.inflight_s.is_finite() && (0.0..=3600.0).contains(&c.inflight_s)) {
+        return Err(err(
+            "cost.inflight_s",
+            c.inflight_s,
+            "must be >= 0 and <= 3600 (seconds)",
+        ));
+    }
     if !(c.stay_margin_s.is_finite() && (0.0..=3600.0).contains(&c.stay_margin_s)) {
         return Err(err(
             "cost.stay_margin_s",
@@ -413,6 +424,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             candidates: c.candidates,
             queue,
             stay_margin_s: c.stay_margin_s,
+            inflight_s: c.inflight_s,
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
@@ -1213,6 +1225,7 @@ mod tests {
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
             (r#"{"stay_margin_s":-0.1}"#, "cost.stay_margin_s"),
             (r#"{"stay_margin_s":1e9}"#, "cost.stay_margin_s"),
+            (r#"{"inflight_s":-1}"#, "cost.inflight_s"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),

@@ -183,6 +183,10 @@ pub struct CostParams {
     /// holding the longest cached prefix to take the request from it
     /// (default 0.1; 0: pure argmin). See "Staying with the cache".
     pub stay_margin_s: f64,
+    /// Seconds each request this router has in flight at a host adds to a
+    /// newcomer's wait there with [`QueueMode::Tokens`] (default 0: off).
+    /// See [`pending_with_report`].
+    pub inflight_s: f64,
 }
 
 impl Default for CostParams {
@@ -194,6 +198,7 @@ impl Default for CostParams {
             candidates: 6,
             queue: QueueMode::Tokens,
             stay_margin_s: 0.1,
+            inflight_s: 0.0,
         }
     }
 }
@@ -332,7 +337,10 @@ pub struct CostPlacement {
 /// router's own pending tokens plus, priced at `service_s` each
 /// (`service_s x prefill_tokens_per_s` tokens), the reported waiting
 /// requests beyond this router's own in-flight requests at the host (those
-/// are someone else's). Saturates instead of overflowing.
+/// are someone else's), plus `inflight_s x prefill_tokens_per_s` tokens for
+/// each of this router's own requests in flight there (0 by default; an
+/// experiment for decode steps interleaved with a newcomer's prefill, see
+/// BENCHMARKS "The new default"). Saturates instead of overflowing.
 pub fn pending_with_report(
     own_tokens: u64,
     own_inflight: u64,
@@ -343,7 +351,11 @@ pub fn pending_with_report(
     let per_request = (p.service_s * p.prefill_tokens_per_s).max(0.0);
     // `as` saturates for floats out of range (and maps NaN to 0).
     let from_others = (others as f64 * per_request) as u64;
-    own_tokens.saturating_add(from_others)
+    let per_own = (p.inflight_s * p.prefill_tokens_per_s).max(0.0);
+    let from_own = (own_inflight as f64 * per_own) as u64;
+    own_tokens
+        .saturating_add(from_others)
+        .saturating_add(from_own)
 }
 
 /// Choose a host for `key` by estimated TTFT.
@@ -521,6 +533,14 @@ mod tests {
         assert_eq!(pending_with_report(0, 0, 3, &p), 24_000);
         assert_eq!(pending_with_report(7, 0, u64::MAX, &p), u64::MAX);
         assert_eq!(pending_with_report(u64::MAX, 0, 1, &p), u64::MAX);
+        // `inflight_s`: 0.05 s x 16,000 tok/s = 800 tokens per own request.
+        let q = CostParams {
+            inflight_s: 0.05,
+            ..p
+        };
+        assert_eq!(pending_with_report(5_000, 2, 0, &q), 6_600);
+        assert_eq!(pending_with_report(5_000, 1, 3, &q), 21_800);
+        assert_eq!(pending_with_report(0, u64::MAX, 0, &q), u64::MAX);
     }
 
     #[test]

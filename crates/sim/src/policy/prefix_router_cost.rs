@@ -17,7 +17,8 @@
 //! thinning, 16; 0 keeps all), `host_tokens` (default: the replicas' KV
 //! cache, `--cache-tokens`, as an operator configures it; 0 = off),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
-//! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1), and the experiment `pending=prompt` (count
+//! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
+//! `inflight_s` (`cost.inflight_s`, 0), and the experiment `pending=prompt` (count
 //! whole prompts as pending prefill, not their uncached part). Defaults are
 //! the core's `cost` defaults.
 //!
@@ -56,6 +57,7 @@ pub struct Params {
     pub max_entries: u64,
     pub queue: String,
     pub stay_margin_s: f64,
+    pub inflight_s: f64,
     /// Experiment: `pending=prompt` counts whole prompts as pending
     /// prefill (the filter before it subtracted the credited prefix);
     /// default `uncached`, the filter's rule.
@@ -76,6 +78,7 @@ impl Params {
             max_entries: d.max_entries,
             queue: d.queue,
             stay_margin_s: d.stay_margin_s,
+            inflight_s: d.inflight_s,
             pending_whole_prompt: false,
         };
         let mut rest = Vec::new();
@@ -90,6 +93,7 @@ impl Params {
                 "max_entries" => p.max_entries = num(k, v)? as u64,
                 "queue" => p.queue = v.clone(),
                 "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
+                "inflight_s" => p.inflight_s = num(k, v)?,
                 "pending" => {
                     p.pending_whole_prompt = match v.as_str() {
                         "uncached" => false,
@@ -123,6 +127,7 @@ impl Params {
         raw.cost.max_entries = self.max_entries;
         raw.cost.queue = self.queue.clone();
         raw.cost.stay_margin_s = self.stay_margin_s;
+        raw.cost.inflight_s = self.inflight_s;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
             address: "127.0.0.1:1".into(),
