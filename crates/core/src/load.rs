@@ -435,81 +435,46 @@ mod tests {
         assert!(parse_queue_header("").is_err());
     }
 
+    /// A host with `inflight` requests of this proxy and one report.
+    fn reported(inflight: u64, queue: f64, running: f64, own: u64, at_ms: u64) -> HostLoad {
+        HostLoad {
+            inflight,
+            report: Some(Report {
+                queue,
+                running,
+                own,
+                at_ms,
+            }),
+            ejected: false,
+            pending_prefill_tokens: 0,
+        }
+    }
+
     #[test]
     fn effective_load_uses_fresh_reports_only() {
         // 9.2 waiting reported while this proxy had nothing there: all
         // someone else's, on top of the 2 now in flight.
-        let l = HostLoad {
-            inflight: 2,
-            report: Some(Report {
-                queue: 9.2,
-                running: 0.0,
-                own: 0,
-                at_ms: 1000,
-            }),
-            ejected: false,
-            pending_prefill_tokens: 0,
-        };
+        let l = reported(2, 9.2, 0.0, 0, 1000);
         assert_eq!(l.others(1500, 1000), 10);
         assert_eq!(l.effective(1500, 1000), 12);
         assert_eq!(l.effective(2001, 1000), 2);
         // The replica counted 1 of this proxy's requests, and the 5 now in
         // flight include it: nobody else's.
-        let own = HostLoad {
-            inflight: 5,
-            report: Some(Report {
-                queue: 1.0,
-                running: 0.0,
-                own: 5,
-                at_ms: 0,
-            }),
-            ejected: false,
-            pending_prefill_tokens: 0,
-        };
+        let own = reported(5, 1.0, 0.0, 5, 0);
         assert_eq!(own.effective(0, 10), 5);
         // Running requests count in the bound's load (the fleet's view with
         // several proxies), not in the reported queue; this proxy's own 3
         // at report time are not counted twice, and a report taken while 3
         // of its requests ran does not keep counting them after they ended.
-        let fleet = HostLoad {
-            inflight: 1,
-            report: Some(Report {
-                queue: 2.0,
-                running: 6.5,
-                own: 3,
-                at_ms: 0,
-            }),
-            ejected: false,
-            pending_prefill_tokens: 0,
-        };
+        let fleet = reported(1, 2.0, 6.5, 3, 0);
         assert_eq!(fleet.reported(0, 10), 2);
         assert_eq!(fleet.others(0, 10), 6);
         assert_eq!(fleet.effective(0, 10), 7);
         assert_eq!(fleet.effective(11, 10), 1);
-        let stale = HostLoad {
-            inflight: 0,
-            report: Some(Report {
-                queue: 0.0,
-                running: 3.0,
-                own: 3,
-                at_ms: 0,
-            }),
-            ejected: false,
-            pending_prefill_tokens: 0,
-        };
+        let stale = reported(0, 0.0, 3.0, 3, 0);
         assert_eq!(stale.effective(5, 10), 0);
         // Garbage never overflows.
-        let huge = HostLoad {
-            inflight: u64::MAX,
-            report: Some(Report {
-                queue: f64::INFINITY,
-                running: f64::NAN,
-                own: 0,
-                at_ms: 0,
-            }),
-            ejected: false,
-            pending_prefill_tokens: 0,
-        };
+        let huge = reported(u64::MAX, f64::INFINITY, f64::NAN, 0, 0);
         assert_eq!(huge.effective(0, 10), u64::MAX);
     }
 
