@@ -390,6 +390,7 @@ impl SharedStore for MemStore {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    #[cfg(not(target_family = "wasm"))]
     use std::sync::Arc;
 
     fn m(v: &[&str]) -> Vec<String> {
