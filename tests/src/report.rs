@@ -27,6 +27,10 @@ pub struct Report {
     pub latency_p50: Option<Duration>,
     pub latency_p90: Option<Duration>,
     pub wall: Duration,
+    /// The cost rule's index against the replicas: (tokens the index credited the chosen
+    /// replicas with, from the decision header's `cached=` bytes at 4 bytes per token; of
+    /// those, tokens the replica did not serve from its cache), over requests that report both.
+    pub index_credit: Option<(u64, u64)>,
     /// Count of each decision-header `outcome=` (and `none` when absent).
     pub outcomes: BTreeMap<String, usize>,
     /// A few error messages, for diagnosis.
@@ -82,6 +86,7 @@ impl Report {
         let mut lats = Vec::new();
         let mut sample_errors = Vec::new();
         let (mut cached, mut prompt, mut have_usage) = (0u64, 0u64, false);
+        let mut credit: Option<(u64, u64)> = None;
         for r in &run.records {
             if let Some(b) = &r.backend {
                 *per_replica.entry(b.clone()).or_default() += 1;
@@ -94,6 +99,17 @@ impl Report {
                     ttfts.push(t);
                 }
                 lats.push(r.latency);
+            }
+            let credited = r
+                .decision
+                .as_deref()
+                .and_then(|d| crate::workload::decision_field(d, "cached"))
+                .and_then(|v| v.parse::<u64>().ok());
+            if let (Some(b), Some(c)) = (credited, r.cached_tokens) {
+                let t = b.div_ceil(4);
+                let e = credit.get_or_insert((0, 0));
+                e.0 += t;
+                e.1 += t.saturating_sub(c);
             }
             if let (Some(c), Some(p)) = (r.cached_tokens, r.prompt_tokens) {
                 cached += c;
@@ -125,6 +141,7 @@ impl Report {
             latency_p50: quantile(&lats, 0.5),
             latency_p90: quantile(&lats, 0.9),
             wall: run.wall,
+            index_credit: credit,
             outcomes,
             sample_errors,
         }
@@ -175,6 +192,19 @@ impl Report {
                 format!("{:.1} s", self.wall.as_secs_f64()),
             ),
             ("decision outcomes".into(), outcomes.join(" ")),
+            (
+                "index credit, of it not cached".into(),
+                self.index_credit.map_or("n/a".to_string(), |(t, over)| {
+                    format!(
+                        "{t} tok, {:.1}%",
+                        if t > 0 {
+                            over as f64 * 100.0 / t as f64
+                        } else {
+                            0.0
+                        }
+                    )
+                }),
+            ),
         ]
     }
 }

@@ -149,8 +149,22 @@ fn stickiness_and_hit_rate_vs_round_robin() {
     };
 
     let pr_lab = start("e2e-sticky-pr", EnvoyMode::PrefixRouter);
-    let (_, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
+    let (pr_run, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
+    let credited_counter = filter_counter(&pr_lab, &["prefix_router", "credited_tokens"]);
     drop(pr_lab);
+    // What the index credited each chosen replica with, from the decision headers (bytes, at
+    // the default 4 bytes per token, rounded up as the filter does).
+    let credited_headers: u64 = pr_run
+        .records
+        .iter()
+        .filter_map(|r| {
+            let d = r.decision.as_deref()?;
+            prefix_router_lab::workload::decision_field(d, "cached")?
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|b| b.div_ceil(4))
+        .sum();
     let rr_lab = start("e2e-sticky-rr", EnvoyMode::RoundRobin);
     let (_, rr) = ok(rr_lab.run_workload(&workload, "round-robin"));
     drop(rr_lab);
@@ -166,6 +180,24 @@ fn stickiness_and_hit_rate_vs_round_robin() {
     }
     if rr.ok != total {
         problems.push(format!("round-robin: {}/{total} requests succeeded", rr.ok));
+    }
+    // The counter operators size `cost.host_tokens` with is exactly the headers' sum.
+    if credited_counter != credited_headers as f64 || credited_headers == 0 {
+        problems.push(format!(
+            "prefix_router.cost.credited_tokens = {credited_counter}, decision headers say \
+             {credited_headers}"
+        ));
+    }
+    // And the index is right about what it credits: in this regime (measured 7.6% at this
+    // seed) little of the credit is for prefixes the replica no longer held.
+    if let Some((t, over)) = pr.index_credit {
+        if over as f64 > 0.25 * t as f64 {
+            problems.push(format!(
+                "{over} of {t} credited tokens were not cached at the replica (want <= 25%)"
+            ));
+        }
+    } else {
+        problems.push("no index credit in the decision headers".to_string());
     }
     if pr.majority_share < 0.98 {
         problems.push(format!(

@@ -37,16 +37,22 @@
 //! together and evicted deepest-first).
 //!
 //! ## Memory
-//! An entry is one `(prefix hash, host)` pair. Two bounds:
-//! - `max_entries` over all hosts, least recently observed evicted first;
-//! - `host_tokens` per host: each entry stands for the `stride` chunks
-//!   ending at its boundary (`stride * chunk_bytes / bytes_per_token`
-//!   tokens), and a host's oldest entries beyond its budget are evicted,
-//!   approximating the replica's own LRU KV cache (which cannot hold more
-//!   than its capacity either). With thinning a deep entry stands for
-//!   several strides but is still counted as one, so for prompts longer
-//!   than `dense_boundaries` strides the budget lets the index believe a
-//!   host holds more than `host_tokens`.
+//! An entry is one `(prefix hash, host)` pair. `max_entries` bounds them
+//! over all hosts, least recently observed evicted first.
+//!
+//! ## A replica's cache capacity (`host_tokens`)
+//! A replica's KV cache is an LRU: a prefix is gone once about `host_tokens`
+//! newer tokens went through it. [`PrefixIndex::take_in`] runs the Envoy
+//! filter's per-host capacity clock ([`crate::shared_index::CapacityClock`],
+//! the same code): the caller adds the uncached prompt tokens of each
+//! response (the prompt minus what the index credited the host with), and
+//! when the clock has moved `host_tokens` past a checkpoint, the host's
+//! entries stamped before that checkpoint's time are dropped. Entries
+//! observed again since carry a newer stamp and stay, as in the replica's
+//! LRU. (Earlier this index counted entries against `host_tokens / stride
+//! tokens` instead; with thinning a deep entry stands for several strides,
+//! so on long prompts it believed a host held up to twice its cache:
+//! BENCHMARKS "Sizing the index".)
 //!
 //! Within one observation the deepest boundary gets the oldest stamp, so a
 //! prompt's tail is evicted before its head, as a replica's LRU does.
@@ -62,6 +68,8 @@
 //! touched.
 
 use std::collections::BTreeMap;
+
+use crate::shared_index::CapacityClock;
 
 /// Whether boundary number `b` (1-based, in strides) is kept when the
 /// first `dense` boundaries are kept at every stride and the spacing then
@@ -124,7 +132,8 @@ pub struct IndexConfig {
     pub chunk_bytes: u32,
     /// Most `(prefix, host)` entries kept in total (>= 1).
     pub max_entries: usize,
-    /// Tokens of recorded prefixes kept per host (0: no per-host bound).
+    /// A replica's KV cache in tokens, the budget of each host's capacity
+    /// clock ([`PrefixIndex::take_in`]; 0: no per-host bound).
     pub host_tokens: u64,
     /// Bytes per token, to convert a stride to tokens (>= 1 after rounding
     /// of the configured float; see [`IndexConfig::stride_tokens`]).
@@ -163,15 +172,6 @@ impl IndexConfig {
         let t = self.stride_bytes() as f64 / self.bytes_per_token.max(f64::MIN_POSITIVE);
         (t.round() as u64).max(1)
     }
-
-    /// Entries a host may keep (`usize::MAX` without a per-host bound).
-    pub fn host_entries(&self) -> usize {
-        if self.host_tokens == 0 {
-            usize::MAX
-        } else {
-            usize::try_from((self.host_tokens / self.stride_tokens()).max(1)).unwrap_or(usize::MAX)
-        }
-    }
 }
 
 /// Something that answers "how much of this prompt does each host hold?"
@@ -209,6 +209,8 @@ pub struct PrefixIndex {
     lru: BTreeMap<Stamp, (u64, u32)>,
     /// Per host: its entries by age.
     per_host: BTreeMap<u32, BTreeMap<Stamp, u64>>,
+    /// Per host: its capacity clock ([`PrefixIndex::take_in`]).
+    clocks: BTreeMap<u32, CapacityClock>,
     seq: u64,
 }
 
@@ -220,6 +222,7 @@ impl PrefixIndex {
             map: BTreeMap::new(),
             lru: BTreeMap::new(),
             per_host: BTreeMap::new(),
+            clocks: BTreeMap::new(),
             seq: 0,
         }
     }
@@ -279,15 +282,6 @@ impl PrefixIndex {
             self.lru.insert(stamp, (p, h));
             mine.insert(stamp, p);
         }
-        // Per-host budget, then the global bound.
-        let cap = self.cfg.host_entries();
-        while self.host_len(host) > cap {
-            let Some((s, _)) = self.per_host.get(&h).and_then(|m| m.first_key_value()) else {
-                break;
-            };
-            let s = *s;
-            self.remove(s);
-        }
         while self.lru.len() > self.cfg.max_entries.max(1) {
             let Some((s, _)) = self.lru.first_key_value() else {
                 break;
@@ -330,6 +324,32 @@ impl PrefixIndex {
                 self.map.remove(&p);
             }
         }
+    }
+
+    /// `host` took `tokens` new (uncached) tokens into its cache at
+    /// `now_ms`: advance its capacity clock (the filter's
+    /// [`CapacityClock::advance`] with budget `host_tokens`) and, if that
+    /// pushed older prefixes out of its cache, drop the host's entries
+    /// stamped before the new horizon. Returns the horizon when it moved.
+    /// Does nothing with `host_tokens = 0`.
+    pub fn take_in(&mut self, host: usize, tokens: u64, now_ms: u64) -> Option<u64> {
+        let h = u32::try_from(host).ok()?;
+        let budget = self.cfg.host_tokens;
+        if budget == 0 {
+            return None;
+        }
+        let horizon = self
+            .clocks
+            .entry(h)
+            .or_default()
+            .advance(tokens, budget, now_ms)?;
+        while let Some((&s, _)) = self.per_host.get(&h).and_then(|m| m.first_key_value()) {
+            if s.0 >= horizon {
+                break;
+            }
+            self.remove(s);
+        }
+        Some(horizon)
     }
 
     /// Drop everything recorded for `host` (restart, cache flush).
@@ -480,20 +500,37 @@ mod tests {
     }
 
     #[test]
-    fn host_budget_evicts_that_hosts_oldest_deepest_first() {
-        // 1 token per entry, 5 tokens per host.
-        let mut ix = PrefixIndex::new(cfg(1000, 5));
+    fn capacity_clock_drops_what_the_replica_pushed_out() {
+        // A 1,600-token cache: checkpoints every 100 tokens.
+        let mut ix = PrefixIndex::new(cfg(1000, 1600));
         let a = chain(&[], 1, 4);
         let b = chain(&[], 2, 4);
+        let c = chain(&[], 3, 4);
+        ix.observe(0, &a, 10);
+        assert_eq!(ix.take_in(0, 1000, 10), None);
+        ix.observe(1, &b, 20);
+        assert_eq!(ix.take_in(1, 5000, 20), None); // another host's clock
+        ix.observe(0, &b, 20);
+        assert_eq!(ix.take_in(0, 500, 20), None); // clock 1500 < 1600
+        assert_eq!(ix.matched_bytes(&a, 0, 20), 16);
+        // Clock 2100: no checkpoint is 1600 behind yet (the oldest is at
+        // 1000).
+        ix.observe(0, &c, 30);
+        assert_eq!(ix.take_in(0, 600, 30), None);
+        // Clock 3800: the checkpoint at 2100 (time 30) is 1700 behind.
+        assert_eq!(ix.take_in(0, 1700, 40), Some(30));
+        assert_eq!(ix.matched_bytes(&a, 0, 40), 0);
+        assert_eq!(ix.matched_bytes(&b, 0, 40), 0);
+        assert_eq!(ix.matched_bytes(&c, 0, 40), 16);
+        // Host 1 keeps what it holds; `a` used again on host 0 is back.
+        assert_eq!(ix.matched_bytes(&b, 1, 40), 16);
+        ix.observe(0, &a, 41);
+        assert_eq!(ix.matched_bytes(&a, 0, 41), 16);
+        // host_tokens 0: no clock.
+        let mut ix = PrefixIndex::new(cfg(1000, 0));
         ix.observe(0, &a, 0);
-        ix.observe(1, &b, 0);
-        ix.observe(0, &b, 1);
-        assert_eq!(ix.host_len(0), 5);
-        assert_eq!(ix.host_len(1), 4);
-        // a's head survives, its tail went first.
-        assert_eq!(ix.matched_bytes(&a, 0, 1), 4);
-        assert_eq!(ix.matched_bytes(&b, 0, 1), 16);
-        assert_eq!(ix.matched_bytes(&b, 1, 1), 16);
+        assert_eq!(ix.take_in(0, u64::MAX, 1), None);
+        assert_eq!(ix.matched_bytes(&a, 0, 1), 16);
     }
 
     #[test]
@@ -531,7 +568,6 @@ mod tests {
         let c = IndexConfig::default();
         assert_eq!(c.stride_bytes(), 1024);
         assert_eq!(c.stride_tokens(), 256);
-        assert_eq!(c.host_entries(), 400_000 / 256);
     }
 
     proptest! {
@@ -557,22 +593,12 @@ mod tests {
                         reference.retain(|(q, h)| !(*q == *p && *h as usize == host));
                         reference.push((*p, host as u32));
                     }
-                    let cap = c.host_entries();
-                    while reference.iter().filter(|(_, h)| *h as usize == host).count() > cap {
-                        let i = reference.iter().position(|(_, h)| *h as usize == host).unwrap();
-                        reference.remove(i);
-                    }
                     while reference.len() > max_entries {
                         reference.remove(0);
                     }
                 }
                 t += 1;
                 prop_assert!(ix.len() <= max_entries);
-                for h in 0..4 {
-                    if host_tokens > 0 {
-                        prop_assert!(ix.host_len(h) as u64 <= host_tokens.max(1));
-                    }
-                }
                 prop_assert_eq!(ix.len(), reference.len());
                 let per: usize = ix.per_host.values().map(BTreeMap::len).sum();
                 prop_assert_eq!(per, ix.len());

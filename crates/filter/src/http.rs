@@ -214,6 +214,14 @@ impl Http {
             // The prefill this request adds at the host: its prompt minus
             // what the index credited the host with.
             let uncached = params.pending_tokens(prompt_bytes, cached.unwrap_or(0));
+            if cost_on {
+                // What the index believes the host holds of this prompt, to
+                // compare with the replicas' own prefix-cache hit counters.
+                let credited = params.pending_tokens(cached.unwrap_or(0), 0);
+                self.st
+                    .metrics
+                    .inc(self.st.metrics.credited_tokens, credited);
+            }
             if cost_on && cfg.cost.learn_prefill {
                 if let Some(l) = loads.get(idx) {
                     let ttl = cfg.load.report_ttl_ms;

@@ -21,6 +21,7 @@
 //! | `prefix_router.index.used_bytes` | `cost.mode = on`: gauge, bytes the shared index holds now (sum of every VM's changes; this process's lifetime) |
 //! | `prefix_router.index.forget.{restart,ejected,hosts_changed}` | `cost.mode = on`: times a host's index entries were dropped: the scrape saw its restart counter go down, passive health ejected it, the host list changed |
 //! | `prefix_router.index.forget.capacity` | `cost.mode = on`: times a host's capacity horizon moved (`cost.host_tokens` newer tokens pushed older entries out of its cache) |
+//! | `prefix_router.cost.credited_tokens` | `cost.mode = on`: prompt tokens the index credited the chosen hosts with (cached bytes / `bytes_per_token`, rounded up): compare with the replicas' prefix-cache hits (vLLM `vllm:prefix_cache_hits_total`) to check `cost.host_tokens` |
 //! | `prefix_router.cost.prefill_tps` | `cost.learn_prefill`: gauge, the learned prefill rate in tokens per second (set at each usable sample) |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
@@ -53,6 +54,7 @@ pub struct Metrics {
     pub forget_capacity: u32,
     pub vm_memory: u32,
     pub prefill_tps: u32,
+    pub credited_tokens: u32,
     per_host: Vec<u32>,
 }
 
@@ -133,6 +135,11 @@ impl Metrics {
             vm_memory: def_gauge("prefix_router.vm.memory_bytes"),
             prefill_tps: if cfg.cost.enabled && cfg.cost.learn_prefill {
                 def_gauge("prefix_router.cost.prefill_tps")
+            } else {
+                0
+            },
+            credited_tokens: if cfg.cost.enabled {
+                def("prefix_router.cost.credited_tokens")
             } else {
                 0
             },

@@ -306,5 +306,10 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         rep.submit(idx as u64, req.prompt.clone(), req.output_tokens, t)
             .map_err(|e| SimError(format!("request {id}: {e}")))?;
     }
-    Ok(col.finish(&spec.label, now, &replicas))
+    let mut res = col.finish(&spec.label, now, &replicas);
+    res.credited_tokens = policies
+        .iter()
+        .map(|p| p.credited_tokens())
+        .try_fold(0u64, |a, c| c.map(|c| a.saturating_add(c)));
+    Ok(res)
 }

@@ -85,6 +85,10 @@ pub struct RunResult {
     pub evicted_blocks: u64,
     /// `[window][replica]` time-averaged load (requests in the replica).
     pub window_load: Vec<Vec<f64>>,
+    /// Tokens the policy's prefix index credited the chosen replicas with
+    /// (summed over proxies; `None` without an index), to compare with
+    /// `cached_tokens`, what the replicas then served from cache.
+    pub credited_tokens: Option<u64>,
 }
 
 struct LoadTrack {
@@ -346,6 +350,7 @@ impl Collector {
             prefill_gpu_s: prefill,
             evicted_blocks: replicas.iter().map(|r| r.cache().evictions()).sum(),
             window_load,
+            credited_tokens: None,
         }
     }
 }

@@ -97,6 +97,7 @@ fn result_json(r: &RunResult, b: &Bounds) -> Value {
         "per_replica_requests": r.per_replica_requests,
         "prefill_gpu_s": r6(r.prefill_gpu_s),
         "evicted_blocks": r.evicted_blocks,
+        "index_credited_tokens": r.credited_tokens,
     })
 }
 

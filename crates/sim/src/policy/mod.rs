@@ -84,6 +84,11 @@ pub trait Policy: Send {
     fn on_first_token(&mut self, _id: u64, _host: usize) {}
     /// The request finished on `host`.
     fn on_done(&mut self, _id: u64, _host: usize) {}
+    /// Prompt tokens this policy's prefix index credited its chosen
+    /// replicas with so far (`None`: the policy has no such index).
+    fn credited_tokens(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Which algorithm.

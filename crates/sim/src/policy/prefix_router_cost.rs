@@ -15,7 +15,10 @@
 //! ...), plus `candidates` (6), `service_s` (0.5), `prefill_tps` (16000),
 //! `stride` (index stride in chunks, 16), `dense` (boundaries kept before
 //! thinning, 16; 0 keeps all), `host_tokens` (default: the replicas' KV
-//! cache, `--cache-tokens`, as an operator configures it; 0 = off),
+//! cache, `--cache-tokens`, as the README tells an operator to set it; 0 =
+//! off; the index forgets by the filter's capacity clock,
+//! `PrefixIndex::take_in`), `host_frac` (without `host_tokens`, that share
+//! of the KV cache, 1),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
 //! `inflight_s` (`cost.inflight_s`, 0), and the experiment `pending=prompt` (count
@@ -43,6 +46,10 @@ use super::prefix_router::{refresh_loads, round_robin_fallback};
 use super::{num, prefix_router, Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
 
+/// `host_tokens` as a share of the replicas' KV cache when the spec does not
+/// set it: all of it, as the README tells an operator (`cost.host_tokens`).
+pub const DEFAULT_HOST_FRAC: f64 = 1.0;
+
 /// Options (see the module doc).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
@@ -54,6 +61,9 @@ pub struct Params {
     pub dense_boundaries: u32,
     /// `None`: the replicas' KV-cache capacity (see [`PrefixRouterCost::new`]).
     pub host_tokens: Option<u64>,
+    /// `host_frac=F`: without `host_tokens`, the index's per-host capacity
+    /// is F x the replicas' KV cache (default [`DEFAULT_HOST_FRAC`]).
+    pub host_frac: f64,
     pub max_entries: u64,
     pub queue: String,
     pub stay_margin_s: f64,
@@ -75,6 +85,7 @@ impl Params {
             stride_chunks: d.stride_chunks,
             dense_boundaries: d.dense_boundaries,
             host_tokens: None,
+            host_frac: DEFAULT_HOST_FRAC,
             max_entries: d.max_entries,
             queue: d.queue,
             stay_margin_s: d.stay_margin_s,
@@ -90,6 +101,7 @@ impl Params {
                 "stride" => p.stride_chunks = num(k, v)? as u32,
                 "dense" => p.dense_boundaries = num(k, v)? as u32,
                 "host_tokens" => p.host_tokens = Some(num(k, v)? as u64),
+                "host_frac" => p.host_frac = num(k, v)?,
                 "max_entries" => p.max_entries = num(k, v)? as u64,
                 "queue" => p.queue = v.clone(),
                 "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
@@ -157,6 +169,8 @@ pub struct PrefixRouterCost {
     pending_whole_prompt: bool,
     last_ms: u64,
     rr: usize,
+    /// Prompt tokens the index credited the chosen hosts with.
+    credited_tokens: u64,
 }
 
 impl PrefixRouterCost {
@@ -165,7 +179,7 @@ impl PrefixRouterCost {
     pub fn new(p: &Params, hosts: usize, cache_tokens: Option<u64>) -> Result<Self, SpecError> {
         let mut p = p.clone();
         if p.host_tokens.is_none() {
-            p.host_tokens = cache_tokens;
+            p.host_tokens = cache_tokens.map(|c| (c as f64 * p.host_frac).round() as u64);
         }
         let p = &p;
         if p.base.capped() {
@@ -187,6 +201,7 @@ impl PrefixRouterCost {
             pending_whole_prompt: p.pending_whole_prompt,
             last_ms: 0,
             rr: 0,
+            credited_tokens: 0,
         })
     }
 
@@ -200,12 +215,13 @@ impl PrefixRouterCost {
     }
 
     /// Forget a pending request: its prefill is no longer ahead of anyone.
-    fn settle(&mut self, id: u64) -> Option<Vec<u64>> {
+    /// Returns its chain and uncached tokens.
+    fn settle(&mut self, id: u64) -> Option<(Vec<u64>, u64)> {
         let (hashes, host, tokens) = self.pending.remove(&id)?;
         if let Some(t) = self.pending_tokens.get_mut(host) {
             *t = t.saturating_sub(tokens);
         }
-        Some(hashes)
+        Some((hashes, tokens))
     }
 }
 
@@ -246,6 +262,7 @@ impl Policy for PrefixRouterCost {
             Decision::Fallback(_) => self.fallback(),
         };
         if chain.bytes > 0 || !chain.hashes.is_empty() {
+            self.credited_tokens += self.params.pending_tokens(credited, 0);
             if self.pending_whole_prompt {
                 credited = 0;
             }
@@ -260,13 +277,20 @@ impl Policy for PrefixRouterCost {
     }
 
     fn on_first_token(&mut self, id: u64, host: usize) {
-        if let Some(hashes) = self.settle(id) {
+        if let Some((hashes, tokens)) = self.settle(id) {
+            // As the filter does on a response: record the prefix, then
+            // advance the host's capacity clock by what it newly cached.
             self.index.observe(host, &hashes, self.last_ms);
+            self.index.take_in(host, tokens, self.last_ms);
         }
     }
 
     fn on_done(&mut self, id: u64, _host: usize) {
         self.settle(id);
+    }
+
+    fn credited_tokens(&self) -> Option<u64> {
+        Some(self.credited_tokens)
     }
 }
 
@@ -290,6 +314,21 @@ mod tests {
         assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
         let e = Params::parse(&opts(&[("queue", "bytes")])).unwrap_err();
         assert!(e.0.contains("cost.queue"), "{}", e.0);
+    }
+
+    #[test]
+    fn host_tokens_default_to_a_share_of_the_cache() {
+        let p = Params::parse(&opts(&[])).unwrap();
+        let r = PrefixRouterCost::new(&p, 2, Some(300_000)).unwrap();
+        assert_eq!(r.router.config().cost.index.host_tokens, 300_000);
+        let p = Params::parse(&opts(&[("host_frac", "0.5")])).unwrap();
+        let r = PrefixRouterCost::new(&p, 2, Some(300_000)).unwrap();
+        assert_eq!(r.router.config().cost.index.host_tokens, 150_000);
+        // An explicit host_tokens wins over the share.
+        let p = Params::parse(&opts(&[("host_tokens", "7"), ("host_frac", "0.5")])).unwrap();
+        let r = PrefixRouterCost::new(&p, 2, Some(300_000)).unwrap();
+        assert_eq!(r.router.config().cost.index.host_tokens, 7);
+        assert_eq!(r.credited_tokens(), Some(0));
     }
 
     #[test]
