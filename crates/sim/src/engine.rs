@@ -192,7 +192,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                         col.first_token(req_id as usize, t, cached_tokens);
                         let p = proxy_of.get(req_id as usize).copied().unwrap_or(0) as usize;
                         if let Some(pol) = policies.get_mut(p) {
-                            pol.on_first_token(req_id, ri);
+                            pol.on_first_token_at(req_id, ri, t);
                         }
                     }
                     Event::Done { req_id, t } => {
@@ -311,5 +311,10 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         .iter()
         .map(|p| p.credited_tokens())
         .try_fold(0u64, |a, c| c.map(|c| a.saturating_add(c)));
+    // With K proxies each learns its own rate: report their mean.
+    let learned: Option<Vec<f64>> = policies.iter().map(|p| p.learned_prefill_tps()).collect();
+    res.learned_prefill_tps = learned
+        .filter(|v| !v.is_empty())
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64);
     Ok(res)
 }

@@ -89,6 +89,9 @@ pub struct RunResult {
     /// (summed over proxies; `None` without an index), to compare with
     /// `cached_tokens`, what the replicas then served from cache.
     pub credited_tokens: Option<u64>,
+    /// The prefill rate the policy learned by the end (mean over proxies;
+    /// `None` unless it learns one).
+    pub learned_prefill_tps: Option<f64>,
 }
 
 struct LoadTrack {
@@ -351,6 +354,7 @@ impl Collector {
             evicted_blocks: replicas.iter().map(|r| r.cache().evictions()).sum(),
             window_load,
             credited_tokens: None,
+            learned_prefill_tps: None,
         }
     }
 }

@@ -98,6 +98,7 @@ fn result_json(r: &RunResult, b: &Bounds) -> Value {
         "prefill_gpu_s": r6(r.prefill_gpu_s),
         "evicted_blocks": r.evicted_blocks,
         "index_credited_tokens": r.credited_tokens,
+        "learned_prefill_tps": r.learned_prefill_tps.map(r6),
     })
 }
 

@@ -372,3 +372,45 @@ fn finished_turns_leave_their_answer_cached() {
     );
     assert!(on.hit_rate <= with.oracle_hit + 1e-9);
 }
+
+#[test]
+fn the_prefill_rate_is_learned_from_first_tokens() {
+    // Replicas prefill at 8,000 tokens/s; the policy is configured at 4x
+    // that (or a quarter of it) and learns from each first token (the
+    // core's `learn_prefill_rate`, as the filter does). A sample is the
+    // router's uncached tokens (the prompt minus what its index credited) /
+    // time to first token; the index credits whole strides only, so the
+    // replica holds a little more than credited and the learned rate comes
+    // out somewhat above its raw rate: the rate that turns the router's own
+    // token counts into seconds. It must land there from either side.
+    let wl = small_synthetic(
+        "shared-prefix:groups=10,prompts=120,system=1500,question=600,output=20,rate=4",
+    );
+    let mut c = cfg(4, 16);
+    c.cost.prefill_tokens_per_s = 8000.0;
+    let learned = |start: u32| {
+        let spec = PolicySpec::parse(&format!("prefix-router-cost:prefill_tps={start},learn=1"))
+            .expect("spec");
+        simulate(&wl, &spec, &c)
+            .expect("run")
+            .learned_prefill_tps
+            .expect("a learning policy reports its rate")
+    };
+    let (high, low) = (learned(32_000), learned(2_000));
+    for r in [high, low] {
+        assert!(
+            (7000.0..=12_000.0).contains(&r),
+            "learned {high} (from 32,000) and {low} (from 2,000) tok/s; replicas prefill at 8,000"
+        );
+    }
+    assert!(
+        (high / low - 1.0).abs() < 0.1,
+        "{high} vs {low}: the start should not matter"
+    );
+    // Without `learn` nothing is reported.
+    let plain = PolicySpec::parse("prefix-router-cost:prefill_tps=32000").expect("spec");
+    assert_eq!(
+        simulate(&wl, &plain, &c).expect("run").learned_prefill_tps,
+        None
+    );
+}

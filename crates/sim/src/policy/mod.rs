@@ -82,11 +82,21 @@ pub trait Policy: Send {
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice;
     /// The request produced its first token on `host`.
     fn on_first_token(&mut self, _id: u64, _host: usize) {}
+    /// [`Policy::on_first_token`] with the time it happened (virtual
+    /// seconds); by default just that.
+    fn on_first_token_at(&mut self, id: u64, host: usize, _t: f64) {
+        self.on_first_token(id, host);
+    }
     /// The request finished on `host`.
     fn on_done(&mut self, _id: u64, _host: usize) {}
     /// Prompt tokens this policy's prefix index credited its chosen
     /// replicas with so far (`None`: the policy has no such index).
     fn credited_tokens(&self) -> Option<u64> {
+        None
+    }
+    /// The prefill rate this policy learned online, tokens/s (`None`: it
+    /// does not learn one).
+    fn learned_prefill_tps(&self) -> Option<f64> {
         None
     }
 }

@@ -21,7 +21,10 @@
 //! of the KV cache, 1),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
-//! `inflight_s` (`cost.inflight_s`, 0), and the experiment `pending=prompt` (count
+//! `inflight_s` (`cost.inflight_s`, 0), `learn=1` (`cost.learn_prefill`:
+//! learn the prefill rate from each request's time to first token with
+//! the core's `learn_prefill_rate`, as the filter does from streamed
+//! responses; JSON `learned_prefill_tps`), and the experiment `pending=prompt` (count
 //! whole prompts as pending prefill, not their uncached part). Defaults are
 //! the core's `cost` defaults.
 //!
@@ -68,6 +71,8 @@ pub struct Params {
     pub queue: String,
     pub stay_margin_s: f64,
     pub inflight_s: f64,
+    /// `learn=1`: learn the prefill rate online (`cost.learn_prefill`).
+    pub learn_prefill: bool,
     /// Experiment: `pending=prompt` counts whole prompts as pending
     /// prefill (the filter before it subtracted the credited prefix);
     /// default `uncached`, the filter's rule.
@@ -90,6 +95,7 @@ impl Params {
             queue: d.queue,
             stay_margin_s: d.stay_margin_s,
             inflight_s: d.inflight_s,
+            learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
         };
         let mut rest = Vec::new();
@@ -106,6 +112,7 @@ impl Params {
                 "queue" => p.queue = v.clone(),
                 "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
                 "inflight_s" => p.inflight_s = num(k, v)?,
+                "learn" | "learn_prefill" => p.learn_prefill = num(k, v)? != 0.0,
                 "pending" => {
                     p.pending_whole_prompt = match v.as_str() {
                         "uncached" => false,
@@ -140,6 +147,7 @@ impl Params {
         raw.cost.queue = self.queue.clone();
         raw.cost.stay_margin_s = self.stay_margin_s;
         raw.cost.inflight_s = self.inflight_s;
+        raw.cost.learn_prefill = self.learn_prefill;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
             address: "127.0.0.1:1".into(),
@@ -171,6 +179,10 @@ pub struct PrefixRouterCost {
     rr: usize,
     /// Prompt tokens the index credited the chosen hosts with.
     credited_tokens: u64,
+    /// `cost.learn_prefill`: the learned rate, and per routed request its
+    /// routing time (ms) and the prefill tokens known ahead of it.
+    learned_tps: Option<f64>,
+    samples: BTreeMap<u64, (u64, u64)>,
 }
 
 impl PrefixRouterCost {
@@ -202,6 +214,8 @@ impl PrefixRouterCost {
             last_ms: 0,
             rr: 0,
             credited_tokens: 0,
+            learned_tps: p.learn_prefill.then_some(params.prefill_tokens_per_s),
+            samples: BTreeMap::new(),
         })
     }
 
@@ -233,14 +247,20 @@ impl Policy for PrefixRouterCost {
         }
         let now = view.now_ms();
         self.last_ms = self.last_ms.max(now);
-        let (d, chain) = self.router.decide_with_cost(
-            input.api(),
-            input.body(),
-            None,
-            &self.loads,
-            &self.index,
-            now,
-        );
+        // With learning on, the cost rule uses the learned rate, as the
+        // filter does.
+        let params = match self.learned_tps {
+            Some(r) => self.params.with_prefill_rate(r),
+            None => self.params,
+        };
+        let (d, chain) = match self.router.key_with_chain(input.api(), input.body(), None) {
+            Ok((k, chain)) => (
+                self.router
+                    .place_cost_with(k, &chain, &self.loads, &self.index, now, &params),
+                chain,
+            ),
+            Err(c) => (Decision::Fallback(c), Default::default()),
+        };
         let mut credited = 0;
         let choice = match d {
             Decision::Routed {
@@ -270,10 +290,42 @@ impl Policy for PrefixRouterCost {
             if let Some(t) = self.pending_tokens.get_mut(choice.host) {
                 *t += tokens;
             }
+            if self.learned_tps.is_some() {
+                // Work known ahead of it at its host, as the filter counts it.
+                let ttl = self.router.config().load.report_ttl_ms;
+                let ahead = self.loads.get(choice.host).map_or(0, |l| {
+                    prefix_router_core::cost::pending_with_report(
+                        l.pending_prefill_tokens,
+                        l.inflight,
+                        l.reported(now, ttl),
+                        &params,
+                    )
+                });
+                self.samples.insert(input.id, (now, ahead));
+            }
             self.pending
                 .insert(input.id, (chain.hashes, choice.host, tokens));
         }
         choice
+    }
+
+    fn on_first_token_at(&mut self, id: u64, host: usize, t: f64) {
+        let sample = self.samples.remove(&id);
+        let uncached = self.pending.get(&id).map(|p| p.2);
+        if let (Some(rate), Some((at, ahead)), Some(uncached)) =
+            (self.learned_tps, sample, uncached)
+        {
+            let s = prefix_router_core::cost::PrefillSample {
+                uncached_tokens: uncached,
+                ttfb_ms: ((t * 1000.0).max(0.0) as u64).saturating_sub(at),
+                ahead_tokens: ahead,
+            };
+            let configured = self.params.prefill_tokens_per_s;
+            if let Some(next) = prefix_router_core::cost::learn_prefill_rate(rate, configured, &s) {
+                self.learned_tps = Some(next);
+            }
+        }
+        self.on_first_token(id, host);
     }
 
     fn on_first_token(&mut self, id: u64, host: usize) {
@@ -286,11 +338,16 @@ impl Policy for PrefixRouterCost {
     }
 
     fn on_done(&mut self, id: u64, _host: usize) {
+        self.samples.remove(&id);
         self.settle(id);
     }
 
     fn credited_tokens(&self) -> Option<u64> {
         Some(self.credited_tokens)
+    }
+
+    fn learned_prefill_tps(&self) -> Option<f64> {
+        self.learned_tps
     }
 }
 
