@@ -199,6 +199,18 @@ impl Backend {
         Ok(())
     }
 
+    /// `POST /reset_prefix_cache` (vLLM's): drop the cache, keep the counters.
+    pub fn flush_prefix_cache(&self) -> Result<()> {
+        let r = http::post(&self.agent, &self.url("/reset_prefix_cache"), &[], "")?;
+        if !(200..300).contains(&r.status) {
+            return Err(LabError(format!(
+                "backend {}: POST /reset_prefix_cache answered {}",
+                self.name, r.status
+            )));
+        }
+        Ok(())
+    }
+
     /// `POST /admin/reset`: forget cache and counters.
     pub fn reset(&self) -> Result<()> {
         let r = http::post(&self.agent, &self.url("/admin/reset"), &[], "{}")?;

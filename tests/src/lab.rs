@@ -150,7 +150,24 @@ impl Lab {
                 None
             }
         };
-        let report = Report::new(label, &run, &self.replica_names(), cache);
+        let mut report = Report::new(label, &run, &self.replica_names(), cache);
+        // Why the cost rule's index dropped entries during the run (empty without it).
+        if let Ok(samples) = envoy.prometheus() {
+            report.forgets = ["capacity", "restart", "flushed", "ejected", "hosts_changed"]
+                .iter()
+                .filter(|k| {
+                    !crate::prom::matching(&samples, &["prefix_router", "index", "forget", k])
+                        .is_empty()
+                })
+                .map(|k| {
+                    let v = crate::prom::sum_matching(
+                        &samples,
+                        &["prefix_router", "index", "forget", k],
+                    );
+                    (k.to_string(), v as u64)
+                })
+                .collect();
+        }
         Ok((run, report))
     }
 

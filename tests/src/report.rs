@@ -31,6 +31,8 @@ pub struct Report {
     /// replicas with, from the decision header's `cached=` bytes at 4 bytes per token; of
     /// those, tokens the replica did not serve from its cache), over requests that report both.
     pub index_credit: Option<(u64, u64)>,
+    /// The filter's `prefix_router.index.forget.*` counters after the run (cost rule only).
+    pub forgets: Vec<(String, u64)>,
     /// Count of each decision-header `outcome=` (and `none` when absent).
     pub outcomes: BTreeMap<String, usize>,
     /// A few error messages, for diagnosis.
@@ -142,6 +144,7 @@ impl Report {
             latency_p90: quantile(&lats, 0.9),
             wall: run.wall,
             index_credit: credit,
+            forgets: Vec::new(),
             outcomes,
             sample_errors,
         }
@@ -192,6 +195,18 @@ impl Report {
                 format!("{:.1} s", self.wall.as_secs_f64()),
             ),
             ("decision outcomes".into(), outcomes.join(" ")),
+            (
+                "index forgets".into(),
+                if self.forgets.is_empty() {
+                    "n/a".to_string()
+                } else {
+                    self.forgets
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                },
+            ),
             (
                 "index credit, of it not cached".into(),
                 self.index_credit.map_or("n/a".to_string(), |(t, over)| {

@@ -1047,6 +1047,125 @@ fn replica_restart_is_detected_and_its_index_entries_dropped() {
     eprintln!("{}", prefix_router_metrics(&lab));
 }
 
+// 13b. Forgetting a flushed cache: vLLM's `POST /reset_prefix_cache` empties a replica's cache
+//      but leaves its counters alone, so the restart counter cannot see it. The scrape compares
+//      the replica's prefix-cache hits with what the index credited it with: the first credited
+//      request after the flush (a 20 KB document, more than the 4,096 tokens of credit a verdict
+//      needs) hits nothing, and the host's entries are dropped. Caches large enough that
+//      nothing is evicted: healthy replicas must never look flushed.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
+    let _g = serial();
+    require_artifacts(true);
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-flush".to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: 1 << 17,
+            ..backend_opts()
+        },
+        envoy: Some(EnvoyOptions {
+            mode: EnvoyMode::PrefixRouter,
+            filter: FilterConfig::Patched(json!({
+                "cost": {"mode": "on"},
+                "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
+            })),
+            ..EnvoyOptions::default()
+        }),
+    }));
+    let agent = http::agent(Duration::from_secs(30));
+    let n = 8;
+    let mut histories: Vec<Vec<serde_json::Value>> = (0..n)
+        .map(|i| {
+            let doc: String = (0..280)
+                .map(|l| format!("[flush {i}] line {l}: the quick brown fox jumps over the lazy dog. "))
+                .collect();
+            vec![json!({"role": "system", "content": format!("You answer questions about this document.\n{doc}")})]
+        })
+        .collect();
+    let mut homes = Vec::new();
+    for (i, h) in histories.iter_mut().enumerate() {
+        let a = chat_turn(&agent, &lab, h, &format!("First question for {i}?"));
+        let b = chat_turn(&agent, &lab, h, &format!("Second question for {i}?"));
+        assert!(a.ok() && b.ok(), "conversation {i}: {a:?} {b:?}");
+        assert_eq!(a.backend, b.backend, "conversation {i} moved");
+        assert!(
+            cached_field(&b).is_some_and(|c| c > 0),
+            "turn 2 of {i}: the index should credit its replica: {:?}",
+            b.decision
+        );
+        homes.push(b.backend.clone().unwrap_or_default());
+    }
+    // Healthy replicas hit what the index credits: no flush so far.
+    std::thread::sleep(Duration::from_millis(600));
+    let flushed = || filter_counter(&lab, &["prefix_router", "index", "forget", "flushed"]);
+    assert_eq!(flushed(), 0.0, "{}", prefix_router_metrics(&lab));
+    let victim = homes[0].clone();
+    let on_victim: Vec<usize> = (0..n).filter(|&i| homes[i] == victim).collect();
+    let elsewhere: Vec<usize> = (0..n).filter(|&i| homes[i] != victim).collect();
+    ok(ok(lab.backend(&victim)).flush_prefix_cache());
+    // The index still credits the victim; the replica really holds nothing.
+    let first = chat_turn(&agent, &lab, &mut histories[0], "Right after the flush?");
+    assert!(first.ok(), "{first:?}");
+    assert!(
+        cached_field(&first).is_some_and(|c| c > 0),
+        "the index should still credit {victim} right after the flush: {:?}",
+        first.decision
+    );
+    if first.backend.as_deref() == Some(victim.as_str()) {
+        assert_eq!(first.cached_tokens, Some(0), "{first:?}");
+    }
+    let t0 = std::time::Instant::now();
+    while flushed() < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the flush of {victim} was not detected\n{}",
+            prefix_router_metrics(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "flush of {victim} detected after {:?}; conversations on it: {on_victim:?}",
+        t0.elapsed()
+    );
+    for &i in &on_victim {
+        let r = chat_turn(&agent, &lab, &mut histories[i], "After the flush?");
+        assert!(r.ok(), "conversation {i} after the flush: {r:?}");
+        assert_eq!(
+            cached_field(&r),
+            Some(0),
+            "conversation {i}: the flushed replica is still credited: {:?}",
+            r.decision
+        );
+        let again = chat_turn(&agent, &lab, &mut histories[i], "And now?");
+        assert!(again.ok());
+        assert!(
+            cached_field(&again).is_some_and(|c| c > 0),
+            "conversation {i}: not relearned: {:?}",
+            again.decision
+        );
+    }
+    for &i in &elsewhere {
+        let r = chat_turn(&agent, &lab, &mut histories[i], "Still there?");
+        assert!(r.ok());
+        assert_eq!(r.backend.as_deref(), Some(homes[i].as_str()));
+        assert!(
+            cached_field(&r).is_some_and(|c| c > 0),
+            "conversation {i} on a healthy replica lost its credit: {:?}",
+            r.decision
+        );
+    }
+    // One flush, one detection; the counters never went down, so no restart was seen.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(flushed(), 1.0, "{}", prefix_router_metrics(&lab));
+    assert_eq!(
+        filter_counter(&lab, &["prefix_router", "index", "forget", "restart"]),
+        0.0
+    );
+    eprintln!("{}", prefix_router_metrics(&lab));
+}
+
 // 14. Memory: 64 replicas and the shared prefix index filled to its bound; the index's bytes
 //     never exceed index_buckets x bucket_entries x 18 and the VMs' linear memory stays under
 //     the figure documented in the README.

@@ -87,6 +87,7 @@ ENDPOINTS:
                                                add N to the reported waiting count, M to the
                                                reported running count (either or both)
     POST /admin/reset                          clear the prefix cache and all counters
+    POST /reset_prefix_cache                   clear the prefix cache, keep the counters (as vLLM)
 
 RESPONSE HEADERS:
     x-backend-name, x-cached-tokens, x-queue-depth; endpoint-load-metrics (ORCA) when the

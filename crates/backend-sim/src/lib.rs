@@ -12,7 +12,7 @@
 //!   OpenAI-format response/chunk bodies.
 //! * [`server`]: the scheduler thread that owns the [`Replica`] and the
 //!   endpoints (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
-//!   `/health`, `/metrics`, `/admin/queue`, `/admin/reset`), response headers
+//!   `/health`, `/metrics`, `/admin/queue`, `/admin/reset`, `/reset_prefix_cache`), response headers
 //!   (`x-backend-name`, `x-cached-tokens`, `x-queue-depth`, ORCA
 //!   `endpoint-load-metrics`) and Prometheus metrics with vLLM names.
 //!

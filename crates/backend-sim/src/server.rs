@@ -44,7 +44,9 @@
 //! `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`; histograms
 //! `vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`
 //! (simulated seconds, vLLM's buckets). `POST /admin/reset` zeroes the
-//! counters and histograms and drops the unpinned cache.
+//! counters and histograms and drops the unpinned cache; `POST
+//! /reset_prefix_cache` (vLLM's endpoint) only drops the unpinned cache,
+//! and the counters go on counting.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -555,6 +557,15 @@ impl Shared {
                 }
                 self.respond_json(w, Some(req), 200, &json!({ "reset": true }), keep)
             }
+            ("POST", "/reset_prefix_cache") => {
+                {
+                    let mut st = self.lock();
+                    let now = self.sim_now();
+                    self.pump(&mut st, now);
+                    st.replica.flush_cache();
+                }
+                self.respond_json(w, Some(req), 200, &json!({ "flushed": true }), keep)
+            }
             (
                 _,
                 "/health"
@@ -563,7 +574,8 @@ impl Shared {
                 | "/v1/chat/completions"
                 | "/v1/completions"
                 | "/admin/queue"
-                | "/admin/reset",
+                | "/admin/reset"
+                | "/reset_prefix_cache",
             ) => {
                 let e = ApiError::new(
                     405,

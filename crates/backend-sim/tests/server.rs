@@ -474,6 +474,27 @@ fn metrics_orca_and_admin_hooks() {
     );
     c.request("POST", "/admin/queue", &[], r#"{"extra_running": 0}"#);
 
+    // vLLM's flush: the cache is empty, the counters keep counting.
+    let before = metric(
+        &c.request("GET", "/metrics", &[], "").text(),
+        "vllm:prefix_cache_queries_total",
+    );
+    assert!(before > 0.0);
+    let r = c.request("POST", "/v1/chat/completions", &[], &body);
+    assert_ne!(r.header("x-cached-tokens"), Some("0"));
+    assert_eq!(
+        c.request("POST", "/reset_prefix_cache", &[], "").status,
+        200
+    );
+    let r = c.request("POST", "/v1/chat/completions", &[], &body);
+    assert_eq!(r.header("x-cached-tokens"), Some("0"));
+    assert!(
+        metric(
+            &c.request("GET", "/metrics", &[], "").text(),
+            "vllm:prefix_cache_queries_total"
+        ) > before
+    );
+
     // Reset: counters zero, cache empty.
     assert_eq!(c.request("POST", "/admin/reset", &[], "{}").status, 200);
     let text = c.request("GET", "/metrics", &[], "").text();

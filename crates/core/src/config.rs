@@ -46,7 +46,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off) |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang none; with `cost.mode: on`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
 
 use serde::Deserialize;
 use std::fmt;
@@ -464,6 +464,10 @@ pub struct RawScrape {
     /// name is used; overrides the preset; `[]` turns detection off).
     #[serde(default)]
     pub restart_metrics: Option<Vec<String>>,
+    /// Prefix-cache hit counters in tokens, for flush detection (first
+    /// present name is used; overrides the preset; `[]` turns it off).
+    #[serde(default)]
+    pub hit_metrics: Option<Vec<String>>,
 }
 
 /// The filter JSON.
@@ -637,6 +641,9 @@ pub struct ScrapeConfig {
     /// Counters whose decrease means a restart (first present is used;
     /// empty: detection off).
     pub restart_metrics: Vec<String>,
+    /// Prefix-cache hit counters, tokens (first present is used; empty:
+    /// flush detection off; [`crate::scrape::flush_suspected`]).
+    pub hit_metrics: Vec<String>,
 }
 
 /// The validated, immutable configuration.
@@ -962,7 +969,8 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "must start with '/'",
         ));
     }
-    let (preset, running_preset, restart_preset): (Vec<String>, Vec<String>, Vec<String>) =
+    type Names = Vec<String>;
+    let (preset, running_preset, restart_preset, hit_preset): (Names, Names, Names, Names) =
         match sc.preset.as_deref() {
             None | Some("vllm") => (
                 vec!["vllm:num_requests_waiting".into()],
@@ -971,11 +979,18 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
                     "vllm:prefix_cache_queries_total".into(),
                     "vllm:prefix_cache_queries".into(),
                 ],
+                vec![
+                    "vllm:prefix_cache_hits_total".into(),
+                    "vllm:prefix_cache_hits".into(),
+                ],
             ),
+            // SGLang exposes a hit-rate gauge, not a hit counter: no flush
+            // detection unless `hit_metrics` names one.
             Some("sglang") => (
                 vec!["sglang:num_queue_reqs".into()],
                 vec!["sglang:num_running_reqs".into()],
                 vec!["sglang:prompt_tokens_total".into()],
+                vec![],
             ),
             Some(other) => {
                 return Err(err(
@@ -1019,6 +1034,17 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "metric names without labels ([] turns restart detection off)",
         ));
     }
+    let hit_metrics = sc.hit_metrics.clone().unwrap_or(hit_preset);
+    if hit_metrics
+        .iter()
+        .any(|m| m.is_empty() || m.contains([' ', '{']))
+    {
+        return Err(err(
+            "scrape.hit_metrics",
+            format!("{hit_metrics:?}"),
+            "metric names without labels ([] turns flush detection off)",
+        ));
+    }
     Ok(ScrapeConfig {
         cluster: sc.cluster.clone(),
         interval_ms: sc.interval_ms,
@@ -1027,6 +1053,7 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
         queue_metrics,
         running_metrics,
         restart_metrics,
+        hit_metrics,
     })
 }
 
@@ -1184,6 +1211,18 @@ mod tests {
             r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","running_metrics":["a b"]}}"#,
         );
         assert_eq!(e.field, "scrape.running_metrics");
+        // Flush detection: the vLLM preset reads the hit counter, SGLang
+        // has none, `[]` turns it off, labels are refused.
+        assert!(sc.hit_metrics.is_empty());
+        let e = bad(
+            r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","hit_metrics":["h{a=\"b\"}"]}}"#,
+        );
+        assert_eq!(e.field, "scrape.hit_metrics");
+        let off = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","hit_metrics":[]}}"#,
+        )
+        .unwrap();
+        assert!(off.scrape.unwrap().hit_metrics.is_empty());
         let e =
             bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_running_metrics":["x=1"]}}"#);
         assert_eq!(e.field, "load.orca_running_metrics[0]");
@@ -1311,5 +1350,12 @@ mod example_files {
             .expect("filter-cost.json has a scrape section");
         assert_eq!(scrape.cluster, "llm");
         assert!(!scrape.restart_metrics.is_empty());
+        assert_eq!(
+            scrape.hit_metrics,
+            vec![
+                "vllm:prefix_cache_hits_total".to_string(),
+                "vllm:prefix_cache_hits".to_string()
+            ]
+        );
     }
 }

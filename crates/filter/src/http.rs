@@ -28,6 +28,7 @@ use prefix_router_core::cost::{self, QueueMode};
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
 use prefix_router_core::load::{self, HostLoad};
+use prefix_router_core::scrape as core_scrape;
 use prefix_router_core::shared_index::{self, SharedLookup};
 use prefix_router_core::{Decision, FallbackCause, RequestHead};
 use proxy_wasm::traits::{Context, HttpContext};
@@ -460,9 +461,10 @@ impl Http {
         if !ok {
             return;
         }
-        let Some((_, idx)) = self.served_host() else {
+        let Some((addr, idx)) = self.served_host() else {
             return;
         };
+        self.record_served_credit(&addr, idx);
         let Some(now) = self.now() else { return };
         let cfg = self.st.router.config();
         let (done, err) = cfg.cost.shared.observe(&SharedData, idx, &chain, now);
@@ -476,6 +478,32 @@ impl Http {
             self.host_error("updating the shared prefix index", e);
         }
         self.advance_capacity(idx, now);
+    }
+
+    /// Flush detection (`scrape.hit_metrics`): the prefix tokens the index
+    /// credited this request with, now that the credited host answered,
+    /// count towards the hits its next scrape should show
+    /// ([`prefix_router_core::scrape`]).
+    fn record_served_credit(&mut self, addr: &str, idx: usize) {
+        let cfg = self.st.router.config();
+        if cfg.scrape.as_ref().is_none_or(|s| s.hit_metrics.is_empty()) {
+            return;
+        }
+        let credited = match &self.decision {
+            Some(Decision::Routed {
+                host,
+                cached: Some(c),
+                ..
+            }) if *host == idx => *c,
+            _ => 0,
+        };
+        if credited == 0 {
+            return;
+        }
+        let tokens = cfg.cost.params.pending_tokens(credited, 0);
+        if let Err(e) = core_scrape::add_served_credit(&SharedData, addr, tokens) {
+            self.host_error("counting the index's credit for flush detection", e);
+        }
     }
 
     /// Cost rule with `cost.host_tokens`: the tokens this response added to

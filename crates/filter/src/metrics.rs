@@ -20,6 +20,7 @@
 //! | `prefix_router.index.footprint_bytes` | `cost.mode = on`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
 //! | `prefix_router.index.used_bytes` | `cost.mode = on`: gauge, bytes the shared index holds now (sum of every VM's changes; this process's lifetime) |
 //! | `prefix_router.index.forget.{restart,ejected,hosts_changed}` | `cost.mode = on`: times a host's index entries were dropped: the scrape saw its restart counter go down, passive health ejected it, the host list changed |
+//! | `prefix_router.index.forget.flushed` | `cost.mode = on` with `scrape.hit_metrics`: times a host's entries were dropped because its prefix-cache hits fell below 10 % of what the index credited it with over at least 4,096 credited tokens (a cache flush, e.g. vLLM's `/reset_prefix_cache`; `prefix_router_core::scrape`) |
 //! | `prefix_router.index.forget.capacity` | `cost.mode = on`: times a host's capacity horizon moved (`cost.host_tokens` newer tokens pushed older entries out of its cache) |
 //! | `prefix_router.cost.credited_tokens` | `cost.mode = on`: prompt tokens the index credited the chosen hosts with (cached bytes / `bytes_per_token`, rounded up): compare with the replicas' prefix-cache hits (vLLM `vllm:prefix_cache_hits_total`) to check `cost.host_tokens` |
 //! | `prefix_router.cost.prefill_tps` | `cost.learn_prefill`: gauge, the learned prefill rate in tokens per second (set at each usable sample) |
@@ -52,6 +53,7 @@ pub struct Metrics {
     pub forget_ejected: u32,
     pub forget_hosts: u32,
     pub forget_capacity: u32,
+    pub forget_flushed: u32,
     pub vm_memory: u32,
     pub prefill_tps: u32,
     pub credited_tokens: u32,
@@ -129,6 +131,11 @@ impl Metrics {
             },
             forget_capacity: if cfg.cost.enabled {
                 def("prefix_router.index.forget.capacity")
+            } else {
+                0
+            },
+            forget_flushed: if cfg.cost.enabled {
+                def("prefix_router.index.forget.flushed")
             } else {
                 0
             },

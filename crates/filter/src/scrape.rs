@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use prefix_router_core::config::{Config, ScrapeConfig};
 use prefix_router_core::load::{self, SharedStore, StoreError, CAS_RETRIES};
-use prefix_router_core::scrape::{counter_reset, first_counter, queue_depth};
+use prefix_router_core::scrape::{
+    counter_reset, first_counter, flush_check, queue_depth, take_served_credit,
+};
 use prefix_router_core::shared_index;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType};
@@ -175,6 +177,9 @@ impl Scraper {
         if cfg.cost.enabled && !sc.restart_metrics.is_empty() {
             Self::detect_restart(&addr, &text, cfg, sc, metrics);
         }
+        if cfg.cost.enabled && !sc.hit_metrics.is_empty() {
+            Self::detect_flush(&addr, &text, cfg, sc, metrics);
+        }
         let q = match queue_depth(&text, &sc.queue_metrics) {
             Ok(Some(q)) => q,
             Ok(None) => {
@@ -228,6 +233,65 @@ impl Scraper {
 }
 
 impl Scraper {
+    /// A replica whose prefix-cache hits since the last scrape fell far
+    /// below what the index credited it with has lost the cache the index
+    /// believes in (a flush): forget its prefix-index entries
+    /// ([`prefix_router_core::scrape`], "Flush detection").
+    fn detect_flush(addr: &str, text: &str, cfg: &Config, sc: &ScrapeConfig, metrics: &Metrics) {
+        let hits = match first_counter(text, &sc.hit_metrics) {
+            Ok(Some(v)) => v,
+            // No hit counter in this scrape: nothing to compare with.
+            Ok(None) | Err(_) => return,
+        };
+        // Always take the credit, so that each comparison covers one
+        // interval between scrapes.
+        let credited = match take_served_credit(&SharedData, addr) {
+            Ok(c) => c,
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: reading {addr}'s index credit: {e:?}"),
+                );
+                return;
+            }
+        };
+        let (credited, grown) = match flush_check(&SharedData, addr, hits, credited) {
+            Ok(Some(v)) => v,
+            Ok(None) => return,
+            Err(e) => {
+                metrics.inc(metrics.scrape_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: storing {addr}'s hit counter: {e:?}"),
+                );
+                return;
+            }
+        };
+        let Some(idx) = cfg.host_index(addr) else {
+            return;
+        };
+        let now = host::now_ms().unwrap_or(0);
+        match shared_index::forget_hosts(&SharedData, &[idx], now) {
+            Ok(()) => {
+                metrics.inc(metrics.forget_flushed, 1);
+                host::log(
+                    LogLevel::Info,
+                    &format!(
+                        "prefix-router: {addr} hit {grown:.0} tokens around an interval in which the index credited it with {credited}: its cache was flushed, its prefix-index entries are forgotten"
+                    ),
+                );
+            }
+            Err(e) => {
+                metrics.inc(metrics.host_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: forgetting {addr}'s index entries: {e:?}"),
+                );
+            }
+        }
+    }
+
     /// A replica whose restart counter went down lost its KV cache: forget
     /// its prefix-index entries.
     fn detect_restart(addr: &str, text: &str, cfg: &Config, sc: &ScrapeConfig, metrics: &Metrics) {

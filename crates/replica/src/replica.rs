@@ -272,6 +272,12 @@ impl Replica {
         }
     }
 
+    /// Drop all unpinned cached blocks, keeping the cache counters (vLLM's
+    /// `POST /reset_prefix_cache`: the counters keep counting).
+    pub fn flush_cache(&mut self) {
+        self.cache.clear();
+    }
+
     /// Drop all unpinned cached blocks and zero the cache counters.
     pub fn reset_cache(&mut self) {
         self.cache.clear();
