@@ -201,22 +201,20 @@ impl Backend {
 
     /// `POST /reset_prefix_cache` (vLLM's): drop the cache, keep the counters.
     pub fn flush_prefix_cache(&self) -> Result<()> {
-        let r = http::post(&self.agent, &self.url("/reset_prefix_cache"), &[], "")?;
-        if !(200..300).contains(&r.status) {
-            return Err(LabError(format!(
-                "backend {}: POST /reset_prefix_cache answered {}",
-                self.name, r.status
-            )));
-        }
-        Ok(())
+        self.post_ok("/reset_prefix_cache", "")
     }
 
     /// `POST /admin/reset`: forget cache and counters.
     pub fn reset(&self) -> Result<()> {
-        let r = http::post(&self.agent, &self.url("/admin/reset"), &[], "{}")?;
+        self.post_ok("/admin/reset", "{}")
+    }
+
+    /// POST `body` to `path`; an error unless the answer is 2xx.
+    fn post_ok(&self, path: &str, body: &str) -> Result<()> {
+        let r = http::post(&self.agent, &self.url(path), &[], body)?;
         if !(200..300).contains(&r.status) {
             return Err(LabError(format!(
-                "backend {}: POST /admin/reset answered {}",
+                "backend {}: POST {path} answered {}",
                 self.name, r.status
             )));
         }

@@ -951,6 +951,63 @@ fn cached_field(r: &RequestRecord) -> Option<u64> {
         .ok()
 }
 
+/// Two turns of each conversation; the second must be credited to the replica that served the
+/// first (and serve it). Returns each conversation's replica.
+fn two_credited_turns(
+    agent: &ureq::Agent,
+    lab: &Lab,
+    histories: &mut [Vec<serde_json::Value>],
+) -> Vec<String> {
+    let mut homes = Vec::new();
+    for (i, h) in histories.iter_mut().enumerate() {
+        let a = chat_turn(agent, lab, h, &format!("First question for {i}?"));
+        let b = chat_turn(agent, lab, h, &format!("Second question for {i}?"));
+        assert!(a.ok() && b.ok(), "conversation {i}: {a:?} {b:?}");
+        assert_eq!(a.backend, b.backend, "conversation {i} moved");
+        assert!(
+            cached_field(&b).is_some_and(|c| c > 0),
+            "turn 2 of {i}: the index should credit its replica: {:?}",
+            b.decision
+        );
+        homes.push(b.backend.clone().unwrap_or_default());
+    }
+    homes
+}
+
+/// Wait (at most 10 s) until `prefix_router.index.forget.<why>` counts one; how long it took.
+fn wait_for_forget(lab: &Lab, why: &str, victim: &str) -> Duration {
+    let t0 = std::time::Instant::now();
+    while filter_counter(lab, &["prefix_router", "index", "forget", why]) < 1.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "forget.{why} of {victim} was not counted\n{}",
+            prefix_router_metrics(lab)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    t0.elapsed()
+}
+
+/// The next turn of each conversation in `which` stays on its replica and keeps its credit.
+fn keep_their_credit(
+    agent: &ureq::Agent,
+    lab: &Lab,
+    histories: &mut [Vec<serde_json::Value>],
+    which: &[usize],
+    homes: &[String],
+) {
+    for &i in which {
+        let r = chat_turn(agent, lab, &mut histories[i], "Still there?");
+        assert!(r.ok());
+        assert_eq!(r.backend.as_deref(), homes.get(i).map(String::as_str));
+        assert!(
+            cached_field(&r).is_some_and(|c| c > 0),
+            "conversation {i} on a healthy replica lost its credit: {:?}",
+            r.decision
+        );
+    }
+}
+
 // 13. Forgetting: a replica restarted with an empty cache is detected by the scrape (its
 //     prefix-cache query counter goes down) and the shared index stops crediting it with the
 //     prefixes it held; what it serves afterwards is learned again.
@@ -970,19 +1027,7 @@ fn replica_restart_is_detected_and_its_index_entries_dropped() {
     let n = 8;
     let mut histories: Vec<Vec<serde_json::Value>> =
         (0..n).map(|i| conversation_start("restart", i)).collect();
-    let mut homes = Vec::new();
-    for (i, h) in histories.iter_mut().enumerate() {
-        let a = chat_turn(&agent, &lab, h, &format!("First question for {i}?"));
-        let b = chat_turn(&agent, &lab, h, &format!("Second question for {i}?"));
-        assert!(a.ok() && b.ok(), "conversation {i}: {a:?} {b:?}");
-        assert_eq!(a.backend, b.backend, "conversation {i} moved");
-        assert!(
-            cached_field(&b).is_some_and(|c| c > 0),
-            "turn 2 of {i}: the index should credit its replica: {:?}",
-            b.decision
-        );
-        homes.push(b.backend.clone().unwrap_or_default());
-    }
+    let homes = two_credited_turns(&agent, &lab, &mut histories);
     let victim = homes[0].clone();
     let on_victim: Vec<usize> = (0..n).filter(|&i| homes[i] == victim).collect();
     let elsewhere: Vec<usize> = (0..n).filter(|&i| homes[i] != victim).collect();
@@ -991,19 +1036,8 @@ fn replica_restart_is_detected_and_its_index_entries_dropped() {
     // Let at least one scrape record the victim's counters, then restart it.
     std::thread::sleep(Duration::from_millis(600));
     ok(lab.restart_backend(&victim));
-    let t0 = std::time::Instant::now();
-    while filter_counter(&lab, &["prefix_router", "index", "forget", "restart"]) < 1.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the restart of {victim} was not detected\n{}",
-            prefix_router_metrics(&lab)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!(
-        "restart of {victim} detected after {:?}; conversations on it: {on_victim:?}",
-        t0.elapsed()
-    );
+    let took = wait_for_forget(&lab, "restart", &victim);
+    eprintln!("restart of {victim} detected after {took:?}; conversations on it: {on_victim:?}");
     for &i in &on_victim {
         let r = chat_turn(&agent, &lab, &mut histories[i], "After the restart?");
         assert!(r.ok(), "conversation {i} after the restart: {r:?}");
@@ -1030,16 +1064,7 @@ fn replica_restart_is_detected_and_its_index_entries_dropped() {
             r.decision, r.cached_tokens, again.decision
         );
     }
-    for &i in &elsewhere {
-        let r = chat_turn(&agent, &lab, &mut histories[i], "Still there?");
-        assert!(r.ok());
-        assert_eq!(r.backend.as_deref(), Some(homes[i].as_str()));
-        assert!(
-            cached_field(&r).is_some_and(|c| c > 0),
-            "conversation {i} on a live replica lost its credit: {:?}",
-            r.decision
-        );
-    }
+    keep_their_credit(&agent, &lab, &mut histories, &elsewhere, &homes);
     assert_eq!(
         filter_counter(&lab, &["prefix_router", "index", "forget", "restart"]),
         1.0
@@ -1084,19 +1109,7 @@ fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
             vec![json!({"role": "system", "content": format!("You answer questions about this document.\n{doc}")})]
         })
         .collect();
-    let mut homes = Vec::new();
-    for (i, h) in histories.iter_mut().enumerate() {
-        let a = chat_turn(&agent, &lab, h, &format!("First question for {i}?"));
-        let b = chat_turn(&agent, &lab, h, &format!("Second question for {i}?"));
-        assert!(a.ok() && b.ok(), "conversation {i}: {a:?} {b:?}");
-        assert_eq!(a.backend, b.backend, "conversation {i} moved");
-        assert!(
-            cached_field(&b).is_some_and(|c| c > 0),
-            "turn 2 of {i}: the index should credit its replica: {:?}",
-            b.decision
-        );
-        homes.push(b.backend.clone().unwrap_or_default());
-    }
+    let homes = two_credited_turns(&agent, &lab, &mut histories);
     // Healthy replicas hit what the index credits: no flush so far.
     std::thread::sleep(Duration::from_millis(600));
     let flushed = || filter_counter(&lab, &["prefix_router", "index", "forget", "flushed"]);
@@ -1116,19 +1129,8 @@ fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
     if first.backend.as_deref() == Some(victim.as_str()) {
         assert_eq!(first.cached_tokens, Some(0), "{first:?}");
     }
-    let t0 = std::time::Instant::now();
-    while flushed() < 1.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "the flush of {victim} was not detected\n{}",
-            prefix_router_metrics(&lab)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    eprintln!(
-        "flush of {victim} detected after {:?}; conversations on it: {on_victim:?}",
-        t0.elapsed()
-    );
+    let took = wait_for_forget(&lab, "flushed", &victim);
+    eprintln!("flush of {victim} detected after {took:?}; conversations on it: {on_victim:?}");
     for &i in &on_victim {
         let r = chat_turn(&agent, &lab, &mut histories[i], "After the flush?");
         assert!(r.ok(), "conversation {i} after the flush: {r:?}");
@@ -1146,16 +1148,7 @@ fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
             again.decision
         );
     }
-    for &i in &elsewhere {
-        let r = chat_turn(&agent, &lab, &mut histories[i], "Still there?");
-        assert!(r.ok());
-        assert_eq!(r.backend.as_deref(), Some(homes[i].as_str()));
-        assert!(
-            cached_field(&r).is_some_and(|c| c > 0),
-            "conversation {i} on a healthy replica lost its credit: {:?}",
-            r.decision
-        );
-    }
+    keep_their_credit(&agent, &lab, &mut histories, &elsewhere, &homes);
     // One flush, one detection; the counters never went down, so no restart was seen.
     std::thread::sleep(Duration::from_millis(600));
     assert_eq!(flushed(), 1.0, "{}", prefix_router_metrics(&lab));

@@ -480,6 +480,19 @@ impl Http {
         self.advance_capacity(idx, now);
     }
 
+    /// Prefix bytes the index credited host `idx` with for this request (0
+    /// if the request was not routed there by the cost rule).
+    fn credited_at(&self, idx: usize) -> u64 {
+        match &self.decision {
+            Some(Decision::Routed {
+                host,
+                cached: Some(c),
+                ..
+            }) if *host == idx => *c,
+            _ => 0,
+        }
+    }
+
     /// Flush detection (`scrape.hit_metrics`): the prefix tokens the index
     /// credited this request with, now that the credited host answered,
     /// count towards the hits its next scrape should show
@@ -489,14 +502,7 @@ impl Http {
         if cfg.scrape.as_ref().is_none_or(|s| s.hit_metrics.is_empty()) {
             return;
         }
-        let credited = match &self.decision {
-            Some(Decision::Routed {
-                host,
-                cached: Some(c),
-                ..
-            }) if *host == idx => *c,
-            _ => 0,
-        };
+        let credited = self.credited_at(idx);
         if credited == 0 {
             return;
         }
@@ -516,14 +522,7 @@ impl Http {
         if budget == 0 {
             return;
         }
-        let credited = match &self.decision {
-            Some(Decision::Routed {
-                host,
-                cached: Some(c),
-                ..
-            }) if *host == idx => *c,
-            _ => 0,
-        };
+        let credited = self.credited_at(idx);
         let bytes = self.prompt_bytes.saturating_sub(credited);
         let tokens = (bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64;
         match shared_index::advance_capacity(&SharedData, idx, tokens, budget, now) {

@@ -268,18 +268,30 @@ impl Scraper {
                 return;
             }
         };
+        Self::forget(
+            addr,
+            cfg,
+            metrics,
+            metrics.forget_flushed,
+            &format!(
+                "hit {grown:.0} tokens around an interval in which the index credited it with {credited}: its cache was flushed"
+            ),
+        );
+    }
+
+    /// Drop `addr`'s prefix-index entries (its cache is gone), counting it
+    /// in `counter` and logging `why`.
+    fn forget(addr: &str, cfg: &Config, metrics: &Metrics, counter: u32, why: &str) {
         let Some(idx) = cfg.host_index(addr) else {
             return;
         };
         let now = host::now_ms().unwrap_or(0);
         match shared_index::forget_hosts(&SharedData, &[idx], now) {
             Ok(()) => {
-                metrics.inc(metrics.forget_flushed, 1);
+                metrics.inc(counter, 1);
                 host::log(
                     LogLevel::Info,
-                    &format!(
-                        "prefix-router: {addr} hit {grown:.0} tokens around an interval in which the index credited it with {credited}: its cache was flushed, its prefix-index entries are forgotten"
-                    ),
+                    &format!("prefix-router: {addr} {why}: its prefix-index entries are forgotten"),
                 );
             }
             Err(e) => {
@@ -300,31 +312,13 @@ impl Scraper {
         };
         match counter_reset(&SharedData, addr, v) {
             Ok(false) => {}
-            Ok(true) => {
-                let Some(idx) = cfg.host_index(addr) else {
-                    return;
-                };
-                let now = host::now_ms().unwrap_or(0);
-                match shared_index::forget_hosts(&SharedData, &[idx], now) {
-                    Ok(()) => {
-                        metrics.inc(metrics.forget_restart, 1);
-                        host::log(
-                            LogLevel::Info,
-                            &format!(
-                                "prefix-router: {addr} restarted (its {:?} went down): its prefix-index entries are forgotten",
-                                sc.restart_metrics
-                            ),
-                        );
-                    }
-                    Err(e) => {
-                        metrics.inc(metrics.host_errors, 1);
-                        host::log(
-                            LogLevel::Warn,
-                            &format!("prefix-router: forgetting {addr}'s index entries: {e:?}"),
-                        );
-                    }
-                }
-            }
+            Ok(true) => Self::forget(
+                addr,
+                cfg,
+                metrics,
+                metrics.forget_restart,
+                &format!("restarted (its {:?} went down)", sc.restart_metrics),
+            ),
             Err(e) => {
                 metrics.inc(metrics.scrape_errors, 1);
                 host::log(
