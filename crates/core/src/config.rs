@@ -46,7 +46,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang none; with `cost.mode: on`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: on`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
 
 use serde::Deserialize;
 use std::fmt;
@@ -984,13 +984,14 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
                     "vllm:prefix_cache_hits".into(),
                 ],
             ),
-            // SGLang exposes a hit-rate gauge, not a hit counter: no flush
-            // detection unless `hit_metrics` names one.
+            // Recent SGLang counts cached prompt tokens per cache source
+            // (device, host, storage): all of them are summed. Without the
+            // counter (older versions) flush detection judges nothing.
             Some("sglang") => (
                 vec!["sglang:num_queue_reqs".into()],
                 vec!["sglang:num_running_reqs".into()],
                 vec!["sglang:prompt_tokens_total".into()],
-                vec![],
+                vec!["sglang:cached_tokens_total".into()],
             ),
             Some(other) => {
                 return Err(err(
@@ -1211,9 +1212,12 @@ mod tests {
             r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","running_metrics":["a b"]}}"#,
         );
         assert_eq!(e.field, "scrape.running_metrics");
-        // Flush detection: the vLLM preset reads the hit counter, SGLang
-        // has none, `[]` turns it off, labels are refused.
-        assert!(sc.hit_metrics.is_empty());
+        // Flush detection: each preset reads its hit counter, `[]` turns it
+        // off, labels are refused.
+        assert_eq!(
+            sc.hit_metrics,
+            vec!["sglang:cached_tokens_total".to_string()]
+        );
         let e = bad(
             r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","hit_metrics":["h{a=\"b\"}"]}}"#,
         );

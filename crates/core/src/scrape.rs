@@ -26,8 +26,8 @@
 //! credited each request with when that request's response arrives from
 //! the credited host ([`add_served_credit`]; by then the replica has
 //! admitted it and counted its prefix-cache hits), and the scrape reads the
-//! host's prefix-cache hit counter (`scrape.hit_metrics`; vLLM preset
-//! `vllm:prefix_cache_hits_total`, in tokens). Credit accumulates over
+//! host's prefix-cache hit counter (`scrape.hit_metrics`, in tokens; vLLM
+//! preset `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`). Credit accumulates over
 //! consecutive scrape intervals until it reaches [`FLUSH_MIN_TOKENS`]
 //! (several requests' worth); if the hit counter grew by less than
 //! [`FLUSH_HIT_SHARE`] of it over those intervals and the ones just before
