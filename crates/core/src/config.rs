@@ -89,6 +89,25 @@ fn err(
     }
 }
 
+/// A list of metric names (`given`, else the preset): names without labels;
+/// `[]` is allowed and `empty` says what it means.
+fn metric_names(
+    field: &str,
+    given: Option<&Vec<String>>,
+    preset: Vec<String>,
+    empty: &str,
+) -> Result<Vec<String>, ConfigError> {
+    let names = given.cloned().unwrap_or(preset);
+    if names.iter().any(|m| m.is_empty() || m.contains([' ', '{'])) {
+        return Err(err(
+            field,
+            format!("{names:?}"),
+            format!("metric names without labels ([] {empty})"),
+        ));
+    }
+    Ok(names)
+}
+
 /// One replica, as written in the filter JSON.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1013,39 +1032,24 @@ fn compile_scrape(sc: &RawScrape) -> Result<ScrapeConfig, ConfigError> {
             "name at least one metric, without labels",
         ));
     }
-    let running_metrics = sc.running_metrics.clone().unwrap_or(running_preset);
-    if running_metrics
-        .iter()
-        .any(|m| m.is_empty() || m.contains([' ', '{']))
-    {
-        return Err(err(
-            "scrape.running_metrics",
-            format!("{running_metrics:?}"),
-            "metric names without labels ([] reads no running count)",
-        ));
-    }
-    let restart_metrics = sc.restart_metrics.clone().unwrap_or(restart_preset);
-    if restart_metrics
-        .iter()
-        .any(|m| m.is_empty() || m.contains([' ', '{']))
-    {
-        return Err(err(
-            "scrape.restart_metrics",
-            format!("{restart_metrics:?}"),
-            "metric names without labels ([] turns restart detection off)",
-        ));
-    }
-    let hit_metrics = sc.hit_metrics.clone().unwrap_or(hit_preset);
-    if hit_metrics
-        .iter()
-        .any(|m| m.is_empty() || m.contains([' ', '{']))
-    {
-        return Err(err(
-            "scrape.hit_metrics",
-            format!("{hit_metrics:?}"),
-            "metric names without labels ([] turns flush detection off)",
-        ));
-    }
+    let running_metrics = metric_names(
+        "scrape.running_metrics",
+        sc.running_metrics.as_ref(),
+        running_preset,
+        "reads no running count",
+    )?;
+    let restart_metrics = metric_names(
+        "scrape.restart_metrics",
+        sc.restart_metrics.as_ref(),
+        restart_preset,
+        "turns restart detection off",
+    )?;
+    let hit_metrics = metric_names(
+        "scrape.hit_metrics",
+        sc.hit_metrics.as_ref(),
+        hit_preset,
+        "turns flush detection off",
+    )?;
     Ok(ScrapeConfig {
         cluster: sc.cluster.clone(),
         interval_ms: sc.interval_ms,

@@ -471,8 +471,35 @@ impl Router {
         index: &I,
         now_ms: u64,
     ) -> (Decision, PromptChain) {
+        self.decide_with_cost_params(
+            api,
+            body,
+            session,
+            loads,
+            index,
+            now_ms,
+            &self.cfg.cost.params,
+        )
+    }
+
+    /// [`Router::decide_with_cost`] with other cost parameters (e.g. a
+    /// learned prefill rate, [`crate::cost::CostParams::with_prefill_rate`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_with_cost_params<I: PrefixLookup + ?Sized>(
+        &self,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        loads: &[HostLoad],
+        index: &I,
+        now_ms: u64,
+        params: &crate::cost::CostParams,
+    ) -> (Decision, PromptChain) {
         match self.key_with_chain(api, body, session) {
-            Ok((k, chain)) => (self.place_cost(k, &chain, loads, index, now_ms), chain),
+            Ok((k, chain)) => (
+                self.place_cost_with(k, &chain, loads, index, now_ms, params),
+                chain,
+            ),
             Err(c) => (Decision::Fallback(c), PromptChain::default()),
         }
     }

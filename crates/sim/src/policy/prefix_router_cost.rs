@@ -253,14 +253,15 @@ impl Policy for PrefixRouterCost {
             Some(r) => self.params.with_prefill_rate(r),
             None => self.params,
         };
-        let (d, chain) = match self.router.key_with_chain(input.api(), input.body(), None) {
-            Ok((k, chain)) => (
-                self.router
-                    .place_cost_with(k, &chain, &self.loads, &self.index, now, &params),
-                chain,
-            ),
-            Err(c) => (Decision::Fallback(c), Default::default()),
-        };
+        let (d, chain) = self.router.decide_with_cost_params(
+            input.api(),
+            input.body(),
+            None,
+            &self.loads,
+            &self.index,
+            now,
+            &params,
+        );
         let mut credited = 0;
         let choice = match d {
             Decision::Routed {
