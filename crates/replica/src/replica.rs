@@ -25,8 +25,19 @@
 //!   is tracked exactly with a "virtual decode clock", so a batch-dependent
 //!   step time is handled without simulating every step. Decode runs
 //!   concurrently with prefill.
-//! * "Running" (as in vLLM's `num_requests_running`) = admitted and not
-//!   done: queued for prefill, prefilling, or decoding.
+//! * **Reported counts** mirror what vLLM v1 and SGLang export, not the
+//!   admission state above: "waiting" ([`Replica::num_waiting`], vLLM's
+//!   `num_requests_waiting`, SGLang's `num_queue_reqs`) is every request
+//!   whose prefill has not started, in the admission queue or queued for
+//!   the prefill server; "running" ([`Replica::num_running`]) is the one
+//!   prefilling plus the decoding ones. In vLLM v1 a request stays in the
+//!   scheduler's waiting queue until the token budget of a step reaches it,
+//!   and a prefill in progress takes that budget, so requests queued behind
+//!   a prefill are reported waiting; SGLang keeps a request in its waiting
+//!   queue until a prefill batch takes it. (Before this model reported
+//!   queued-for-prefill requests as running, so a router reading the
+//!   waiting count saw no queue short of `max_running`.) Admission counts
+//!   every admitted, unfinished request against `max_running`.
 //!
 //! ## Driving it
 //!
@@ -206,13 +217,20 @@ impl Replica {
         self.now
     }
 
-    /// Requests in the waiting queue (vLLM `num_requests_waiting`).
+    /// Requests whose prefill has not started: not yet admitted, or
+    /// admitted and queued for the prefill server (vLLM
+    /// `num_requests_waiting`, SGLang `num_queue_reqs`; see the module doc).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.prefill_queue.len()
     }
 
-    /// Admitted, unfinished requests (vLLM `num_requests_running`).
+    /// Requests prefilling or decoding (vLLM `num_requests_running`).
     pub fn num_running(&self) -> usize {
+        usize::from(self.prefilling.is_some()) + self.decoding.len()
+    }
+
+    /// Admitted, unfinished requests (what `max_running` bounds).
+    fn admitted(&self) -> usize {
         self.prefill_queue.len() + usize::from(self.prefilling.is_some()) + self.decoding.len()
     }
 
@@ -482,7 +500,7 @@ impl Replica {
     fn try_admit(&mut self) {
         let max_running = self.cost.max_running.max(1);
         while let Some(&req_id) = self.waiting.front() {
-            let running = self.num_running();
+            let running = self.admitted();
             if running >= max_running {
                 break;
             }
@@ -625,7 +643,8 @@ mod tests {
         let mut r = Replica::new(model());
         r.submit(1, prompt(1), 2, 0.0).unwrap();
         r.submit(2, prompt(2), 2, 0.0).unwrap();
-        assert_eq!(r.num_running(), 2);
+        // 1 prefilling (running), 2 queued behind it (waiting).
+        assert_eq!((r.num_waiting(), r.num_running()), (1, 1));
         let ev = run_all(&mut r);
         let firsts: Vec<_> = ev
             .iter()
@@ -658,12 +677,13 @@ mod tests {
         assert_eq!(info.waiting_ahead, 0);
         let info = r.submit(4, prompt(1), 10, 0.0).unwrap();
         assert_eq!(info.waiting_ahead, 1);
-        assert_eq!((r.num_waiting(), r.num_running()), (2, 2));
+        // 1 prefilling; 2 admitted, queued for prefill; 3 and 4 not admitted.
+        assert_eq!((r.num_waiting(), r.num_running()), (3, 1));
         // 1: prefill 0.32, done 0.41; 2: prefill to 0.336, done 0.426.
         let ev = r.advance(0.41 + 1e-9);
         assert_eq!(ev.len(), 3);
         assert!(matches!(ev[2], Event::Done { req_id: 1, .. }));
-        // 3 admitted at 0.41 and prefilling; 4 still waiting.
+        // 3 admitted at 0.41 and prefilling, 2 decoding; 4 still waiting.
         assert_eq!((r.num_waiting(), r.num_running()), (1, 2));
         let ev = run_all(&mut r);
         let first3 = ev
