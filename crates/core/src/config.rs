@@ -38,6 +38,8 @@
 //! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
 //! | `cost.inflight_s` | 0 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill); 0 = off. An experiment: it evens out request counts but moved turns off their cache in the Envoy demo (BENCHMARKS "The new default") |
+//! | `cost.hot_window_s` | 10 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and loses its `min_capacity` floor: it takes requests only under the pure bound `ceil(c (L + 1) w / W)` until it cools down. The floor lets a host with cached prefixes hold more than its share while load is light; this takes that back from a host that kept it. 0 = off |
+//! | `cost.hot_factor` | 1.1 | see `cost.hot_window_s`; `>= 1` |
 //! | `cost.learn_prefill` | false | Envoy filter: learn the prefill rate online from streamed responses (uncached prompt tokens / time to first byte, for requests routed with no known work ahead of them and at least 512 uncached tokens; a moving average of the logarithm with weight 0.2, kept within 8x of `prefill_tokens_per_s`, shared by the workers; gauge `prefix_router.cost.prefill_tps`) and use it instead of `prefill_tokens_per_s` |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
@@ -229,6 +231,10 @@ pub struct RawCost {
     pub learn_prefill: bool,
     #[serde(default)]
     pub inflight_s: f64,
+    #[serde(default = "d_hot_window_s")]
+    pub hot_window_s: f64,
+    #[serde(default = "d_hot_factor")]
+    pub hot_factor: f64,
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
     #[serde(default = "d_bucket_entries")]
@@ -252,6 +258,8 @@ impl Default for RawCost {
             stay_margin_s: d_stay_margin_s(),
             learn_prefill: false,
             inflight_s: 0.0,
+            hot_window_s: d_hot_window_s(),
+            hot_factor: d_hot_factor(),
             index_buckets: d_index_buckets(),
             bucket_entries: d_bucket_entries(),
         }
@@ -264,6 +272,14 @@ fn d_cost_mode() -> String {
 fn d_cost_queue() -> String {
     "tokens".into()
 }
+fn d_hot_window_s() -> f64 {
+    crate::cost::CostParams::default().hot_window_s
+}
+
+fn d_hot_factor() -> f64 {
+    crate::cost::CostParams::default().hot_factor
+}
+
 fn d_stay_margin_s() -> f64 {
     0.1
 }
@@ -371,6 +387,20 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be >= 0 and <= 3600 (seconds)",
         ));
     }
+    if !(c.hot_window_s.is_finite() && (0.0..=3600.0).contains(&c.hot_window_s)) {
+        return Err(err(
+            "cost.hot_window_s",
+            c.hot_window_s,
+            "must be >= 0 (0: off) and <= 3600 (seconds)",
+        ));
+    }
+    if !(c.hot_factor.is_finite() && (1.0..=100.0).contains(&c.hot_factor)) {
+        return Err(err(
+            "cost.hot_factor",
+            c.hot_factor,
+            "must be >= 1 and <= 100",
+        ));
+    }
     if !(c.stay_margin_s.is_finite() && (0.0..=3600.0).contains(&c.stay_margin_s)) {
         return Err(err(
             "cost.stay_margin_s",
@@ -444,6 +474,8 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             queue,
             stay_margin_s: c.stay_margin_s,
             inflight_s: c.inflight_s,
+            hot_window_s: c.hot_window_s,
+            hot_factor: c.hot_factor,
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
@@ -1129,6 +1161,8 @@ mod tests {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:8000"}]}"#).unwrap();
         assert_eq!(c.capacity_factor, 1.25);
         assert_eq!(c.min_capacity, 8.0);
+        assert_eq!(c.cost.params.hot_window_s, 10.0);
+        assert_eq!(c.cost.params.hot_factor, 1.1);
         assert_eq!(c.vnodes, 100);
         assert_eq!(c.chunk_bytes, 64);
         assert_eq!(c.hosts[0].name, "127.0.0.1:8000");
@@ -1273,6 +1307,10 @@ mod tests {
             (r#"{"stay_margin_s":-0.1}"#, "cost.stay_margin_s"),
             (r#"{"stay_margin_s":1e9}"#, "cost.stay_margin_s"),
             (r#"{"inflight_s":-1}"#, "cost.inflight_s"),
+            (r#"{"hot_window_s":-1}"#, "cost.hot_window_s"),
+            (r#"{"hot_window_s":1e9}"#, "cost.hot_window_s"),
+            (r#"{"hot_factor":0.9}"#, "cost.hot_factor"),
+            (r#"{"hot_factor":1e9}"#, "cost.hot_factor"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),

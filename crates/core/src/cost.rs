@@ -150,6 +150,11 @@
 use crate::index::PrefixLookup;
 use crate::ring::{Bound, Placement, Ring};
 
+/// A hot host at its pure bound still takes a prompt it is credited with
+/// at least this share of (a conversation's next turn): see "Hot hosts
+/// lose the floor".
+pub const HOT_KEEP_FRACTION: f64 = 0.5;
+
 /// Estimates within this many seconds are equal (ring order decides).
 pub const EPSILON_S: f64 = 1e-9;
 
@@ -187,6 +192,12 @@ pub struct CostParams {
     /// newcomer's wait there with [`QueueMode::Tokens`] (default 0: off).
     /// See [`pending_with_report`].
     pub inflight_s: f64,
+    /// Time constant of each host's recent load, seconds (default 10; 0:
+    /// the hot-host rule is off). See "Hot hosts lose the floor".
+    pub hot_window_s: f64,
+    /// A host whose recent load per unit weight is above this many times
+    /// the fleet's mean is hot (default 1.1).
+    pub hot_factor: f64,
 }
 
 impl Default for CostParams {
@@ -199,6 +210,8 @@ impl Default for CostParams {
             queue: QueueMode::Tokens,
             stay_margin_s: 0.1,
             inflight_s: 0.0,
+            hot_window_s: 10.0,
+            hot_factor: 1.1,
         }
     }
 }
@@ -331,6 +344,37 @@ pub struct CostPlacement {
     /// Whether a non-first candidate won on cost (affinity or load moved it
     /// off the first qualifying host).
     pub moved: bool,
+    /// Hosts passed over on the walk only because they were hot: under the
+    /// capacity floor, but at or over the pure bound.
+    pub hot_skipped: u32,
+}
+
+/// Which hosts are hot: eligible hosts whose recent load per unit weight
+/// (`recent[h] / w_h`) is above `factor` x the eligible hosts' mean
+/// (`sum recent / sum w`). None while that mean is 0, or with
+/// `p.hot_window_s = 0`. O(hosts).
+pub fn hot_hosts(ring: &Ring, recent: &[f64], eligible: &[bool], p: &CostParams) -> Vec<bool> {
+    let n = ring.hosts();
+    let mut hot = vec![false; n];
+    if p.hot_window_s <= 0.0 {
+        return hot;
+    }
+    let live = |h: usize| eligible.get(h).copied().unwrap_or(true);
+    let (mut sum, mut weight) = (0.0, 0.0);
+    for h in (0..n).filter(|&h| live(h)) {
+        sum += recent.get(h).copied().unwrap_or(0.0).max(0.0);
+        weight += ring.weight(h);
+    }
+    if !(sum > 0.0 && weight > 0.0) {
+        return hot;
+    }
+    let mean = sum / weight;
+    for (h, x) in hot.iter_mut().enumerate() {
+        let w = ring.weight(h);
+        let r = recent.get(h).copied().unwrap_or(0.0) / w.max(f64::MIN_POSITIVE);
+        *x = live(h) && w > 0.0 && r > p.hot_factor * mean;
+    }
+    hot
 }
 
 /// A host's pending prefill tokens for [`QueueMode::Tokens`]: this
@@ -374,6 +418,7 @@ pub fn place<I: PrefixLookup + ?Sized>(
     pending: &[u64],
     bound: &Bound,
     eligible: &[bool],
+    hot: &[bool],
     chain: &[u64],
     prompt_bytes: u64,
     index: &I,
@@ -382,20 +427,47 @@ pub fn place<I: PrefixLookup + ?Sized>(
 ) -> Option<CostPlacement> {
     let total: u64 = loads.iter().sum();
     let want = p.candidates.max(1) as usize;
-    let mut cands: Vec<(usize, u32)> = Vec::with_capacity(want);
+    // (host, rank on the walk, held): a hot host at or over the pure bound
+    // (but under its floor) is "held": it stays a candidate only for a
+    // prompt it is credited with at least half of, and does not count
+    // towards `candidates`.
+    let mut cands: Vec<(usize, u32, bool)> = Vec::with_capacity(want + 1);
+    let pure = Bound {
+        min_capacity: 0.0,
+        ..*bound
+    };
+    let mut firm = 0usize;
     for (rank, h) in ring.walk(key).enumerate() {
-        if cands.len() >= want {
+        if firm >= want {
             break;
         }
         if !eligible.get(h).copied().unwrap_or(true) {
             continue;
         }
         let load = loads.get(h).copied().unwrap_or(0);
-        if load < ring.capacity(h, total, bound) {
-            cands.push((h, rank as u32));
+        if load >= ring.capacity(h, total, bound) {
+            continue;
         }
+        let held = hot.get(h).copied().unwrap_or(false) && load >= ring.capacity(h, total, &pure);
+        cands.push((h, rank as u32, held));
+        firm += usize::from(!held);
     }
-    if cands.is_empty() {
+    let hosts: Vec<usize> = cands.iter().map(|c| c.0).collect();
+    let cached = if cands.len() > 1 || cands.iter().any(|c| c.2) {
+        index.lookup(chain, &hosts, now_ms)
+    } else {
+        vec![0; cands.len()]
+    };
+    let mut hot_skipped = 0u32;
+    let mut kept: Vec<(usize, u32, u64)> = Vec::with_capacity(cands.len());
+    for (&(h, rank, held), &c) in cands.iter().zip(cached.iter()) {
+        if held && (c as f64) < HOT_KEEP_FRACTION * prompt_bytes as f64 {
+            hot_skipped += 1;
+            continue;
+        }
+        kept.push((h, rank, c));
+    }
+    if kept.is_empty() {
         let Placement { host, skipped } = ring.place(key, loads, bound, eligible)?;
         return Some(CostPlacement {
             host,
@@ -403,18 +475,13 @@ pub fn place<I: PrefixLookup + ?Sized>(
             cached_bytes: 0,
             ttft_s: f64::NAN,
             moved: false,
+            hot_skipped,
         });
     }
-    let hosts: Vec<usize> = cands.iter().map(|c| c.0).collect();
-    let cached = if cands.len() > 1 {
-        index.lookup(chain, &hosts, now_ms)
-    } else {
-        vec![0; 1]
-    };
     let mut best: Option<CostPlacement> = None;
     // The candidate with the longest cached prefix (earliest on ties).
     let mut home: Option<CostPlacement> = None;
-    for (i, (&(h, rank), &c)) in cands.iter().zip(cached.iter()).enumerate() {
+    for (i, &(h, rank, c)) in kept.iter().enumerate() {
         let load = loads.get(h).copied().unwrap_or(0);
         let waiting = pending.get(h).copied().unwrap_or(0);
         let t = p.estimate_s(load, waiting, prompt_bytes, c);
@@ -424,6 +491,7 @@ pub fn place<I: PrefixLookup + ?Sized>(
             cached_bytes: c,
             ttft_s: t,
             moved: i > 0,
+            hot_skipped,
         };
         if best.is_none_or(|b| t < b.ttft_s - EPSILON_S) {
             best = Some(here);
@@ -495,6 +563,7 @@ mod tests {
             &[],
             &bound,
             &el,
+            &[],
             &chain,
             48_000,
             &index,
@@ -511,6 +580,7 @@ mod tests {
             &[],
             &bound,
             &el,
+            &[],
             &chain,
             48_000,
             &index,
@@ -581,11 +651,33 @@ mod tests {
         let el = vec![true; 4];
         // Requests: B (as in the first example); tokens: A keeps it.
         let c = place(
-            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &q,
+            &r,
+            key,
+            &loads,
+            &pending,
+            &bound,
+            &el,
+            &[],
+            &chain,
+            48_000,
+            &index,
+            0,
+            &q,
         );
         assert_eq!(c.unwrap().host, b);
         let c = place(
-            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &p,
+            &r,
+            key,
+            &loads,
+            &pending,
+            &bound,
+            &el,
+            &[],
+            &chain,
+            48_000,
+            &index,
+            0,
+            &p,
         );
         let c = c.unwrap();
         assert_eq!((c.host, c.rank, c.cached_bytes), (a, 0, 40_000));
@@ -595,9 +687,128 @@ mod tests {
         pending[a] = 20_000;
         pending[b] = 0;
         let c = place(
-            &r, key, &loads, &pending, &bound, &el, &chain, 48_000, &index, 0, &p,
+            &r,
+            key,
+            &loads,
+            &pending,
+            &bound,
+            &el,
+            &[],
+            &chain,
+            48_000,
+            &index,
+            0,
+            &p,
         );
         assert_eq!(c.unwrap().host, b);
+    }
+
+    #[test]
+    fn hot_hosts_are_above_the_weighted_mean() {
+        let names = ["a:1", "b:1", "c:1", "d:1"];
+        let r = Ring::new(names.iter().map(|n| (*n, 1.0)), 50);
+        let p = CostParams::default();
+        let el = vec![true; 4];
+        // Mean 4.5: 1.1 x 4.5 = 4.95, so 6 is hot and 4.9 is not.
+        assert_eq!(
+            hot_hosts(&r, &[6.0, 4.9, 4.0, 3.1], &el, &p),
+            vec![true, false, false, false]
+        );
+        // Ejected hosts neither count in the mean nor are hot.
+        let el2 = vec![true, true, true, false];
+        assert_eq!(
+            hot_hosts(&r, &[6.0, 5.0, 4.0, 0.0], &el2, &p),
+            vec![true, false, false, false]
+        );
+        assert_eq!(
+            hot_hosts(&r, &[6.0, 5.0, 4.0, 9.0], &el2, &p),
+            vec![true, false, false, false]
+        );
+        // Off, an idle fleet, or no samples: nobody is hot.
+        let off = CostParams {
+            hot_window_s: 0.0,
+            ..p
+        };
+        assert_eq!(
+            hot_hosts(&r, &[6.0, 0.0, 0.0, 0.0], &el, &off),
+            vec![false; 4]
+        );
+        assert_eq!(hot_hosts(&r, &[0.0; 4], &el, &p), vec![false; 4]);
+        assert_eq!(hot_hosts(&r, &[], &el, &p), vec![false; 4]);
+        // Weights: a host of weight 2 carrying twice the load is not hot.
+        let w = Ring::new([("a:1", 2.0), ("b:1", 1.0), ("c:1", 1.0)], 50);
+        assert_eq!(
+            hot_hosts(&w, &[8.0, 4.0, 4.0], &[true; 3], &p),
+            vec![false; 3]
+        );
+        assert_eq!(
+            hot_hosts(&w, &[8.0, 6.0, 2.0], &[true; 3], &p),
+            vec![false, true, false]
+        );
+    }
+
+    #[test]
+    fn a_hot_host_loses_its_floor_but_keeps_its_conversations() {
+        // 4 hosts, 12 requests: the pure bound is ceil(1.25 x 13 / 4) = 5,
+        // the floor 8. The owner A holds 6.
+        let r = ring(4);
+        let key = 4242u64;
+        let walk: Vec<usize> = r.walk(key).collect();
+        let (a, b) = (walk[0], walk[1]);
+        let chain: Vec<u64> = (1..=12).collect();
+        let bound = Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        };
+        let el = vec![true; 4];
+        let mut loads = vec![2u64; 4];
+        loads[a] = 6;
+        let p = CostParams::default();
+        let mut hot = vec![false; 4];
+        hot[a] = true;
+        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| {
+            place(
+                &r,
+                key,
+                loads,
+                &[],
+                &bound,
+                &el,
+                hot,
+                &chain,
+                12_000,
+                index,
+                0,
+                &p,
+            )
+            .unwrap()
+        };
+        // A holds 5 of the prompt's 12 KB (under half).
+        let mut some = ix();
+        some.observe(a, &chain[..5], 0);
+        // Not hot: the floor keeps A a candidate and its cache keeps the request.
+        let c = at(&some, &loads, &[]);
+        assert_eq!((c.host, c.cached_bytes, c.hot_skipped), (a, 5_000, 0));
+        // Hot and at its pure bound: passed over, and counted.
+        let c = at(&some, &loads, &hot);
+        assert_eq!((c.host, c.rank, c.hot_skipped), (b, 1, 1));
+        // Hot but under the pure bound (9 in all: ceil(1.25 x 10 / 4) = 4):
+        // still a candidate.
+        let mut light = loads.clone();
+        light[a] = 3;
+        let c = at(&some, &light, &hot);
+        assert_eq!((c.host, c.hot_skipped), (a, 0));
+        // Credited with at least half the prompt (a conversation's next
+        // turn): it keeps the request up to its floor.
+        let mut most = ix();
+        most.observe(a, &chain[..6], 0);
+        let c = at(&most, &loads, &hot);
+        assert_eq!((c.host, c.cached_bytes, c.hot_skipped), (a, 6_000, 0));
+        // Never beyond the floor.
+        let mut full = loads.clone();
+        full[a] = 8;
+        let c = at(&most, &full, &hot);
+        assert_ne!(c.host, a);
     }
 
     #[test]
@@ -607,7 +818,21 @@ mod tests {
         let bound = Bound::factor(100.0);
         let el = vec![true; 5];
         for key in [1u64, 99, 1 << 40, u64::MAX] {
-            let c = place(&r, key, &[2; 5], &[], &bound, &el, &[], 4000, &ix(), 0, &p).unwrap();
+            let c = place(
+                &r,
+                key,
+                &[2; 5],
+                &[],
+                &bound,
+                &el,
+                &[],
+                &[],
+                4000,
+                &ix(),
+                0,
+                &p,
+            )
+            .unwrap();
             assert_eq!(c.host, r.owner(key).unwrap());
             assert_eq!(c.rank, 0);
             assert!(!c.moved);
@@ -624,18 +849,31 @@ mod tests {
         pending: &[u64],
         b: &Bound,
         el: &[bool],
+        hot: &[bool],
         cached: &[u64],
         prompt: u64,
         p: &CostParams,
     ) -> Option<usize> {
         let total: u64 = loads.iter().sum();
         let walk: Vec<usize> = r.walk(key).collect();
-        let under: Vec<usize> = walk
-            .iter()
-            .copied()
-            .filter(|&h| el[h] && loads[h] < r.capacity(h, total, b))
-            .take(p.candidates as usize)
-            .collect();
+        let pure = Bound::factor(b.factor);
+        let mut under: Vec<usize> = Vec::new();
+        let mut firm = 0;
+        for &h in &walk {
+            if firm >= p.candidates as usize {
+                break;
+            }
+            if !el[h] || loads[h] >= r.capacity(h, total, b) {
+                continue;
+            }
+            let held = hot[h] && loads[h] >= r.capacity(h, total, &pure);
+            if !held {
+                firm += 1;
+            }
+            if !held || cached[h] as f64 >= HOT_KEEP_FRACTION * prompt as f64 {
+                under.push(h);
+            }
+        }
         if under.is_empty() {
             return r.place(key, loads, b, el).map(|x| x.host);
         }
@@ -739,7 +977,18 @@ mod tests {
         let p = CostParams::default();
         let at = |p: &CostParams, pending: &[u64]| {
             place(
-                &r, key, &loads, pending, &bound, &el, &chain, 12_000, &index, 0, p,
+                &r,
+                key,
+                &loads,
+                pending,
+                &bound,
+                &el,
+                &[],
+                &chain,
+                12_000,
+                &index,
+                0,
+                p,
             )
             .unwrap()
         };
@@ -764,7 +1013,18 @@ mod tests {
             min_capacity: 0.0,
         };
         let c = place(
-            &r, key, &busy, &pending, &tight, &el, &chain, 12_000, &index, 0, &p,
+            &r,
+            key,
+            &busy,
+            &pending,
+            &tight,
+            &el,
+            &[],
+            &chain,
+            12_000,
+            &index,
+            0,
+            &p,
         )
         .unwrap();
         assert_ne!(c.host, a);
@@ -785,6 +1045,7 @@ mod tests {
             pending in proptest::collection::vec(0u64..200_000, 8),
             tokens in any::<bool>(),
             margin in prop_oneof![Just(0.0f64), 0.0f64..0.5],
+            hot in proptest::collection::vec(any::<bool>(), 8),
         ) {
             let r = ring(n);
             let loads = &loads[..n];
@@ -798,19 +1059,38 @@ mod tests {
             let mut index = ix();
             for h in 0..n { index.observe(h, &chain[..held[h]], 0); }
             let cached: Vec<u64> = (0..n).map(|h| held[h] as u64 * 1000).collect();
-            let got = place(&r, key, loads, pending, &bound, &el, &chain, 5000, &index, 0, &p).unwrap();
-            let want = naive(&r, key, loads, pending, &bound, &el, &cached, 5000, &p).unwrap();
+            let hot = &hot[..n];
+            let got = place(&r, key, loads, pending, &bound, &el, hot, &chain, 5000, &index, 0, &p).unwrap();
+            let want = naive(&r, key, loads, pending, &bound, &el, hot, &cached, 5000, &p).unwrap();
             prop_assert_eq!(got.host, want);
-            // The bound: never a host at/over capacity when an eligible one is under.
+            // The bound: never a host at/over capacity when an eligible one is
+            // under; and a hot host is held to the pure bound (no floor).
             let total: u64 = loads.iter().sum();
-            let any_under = (0..n).any(|h| el[h] && loads[h] < r.capacity(h, total, &bound));
+            let pure = Bound::factor(c);
+            let cap = |h: usize| r.capacity(h, total, if hot[h] { &pure } else { &bound });
+            let any_under = (0..n).any(|h| el[h] && loads[h] < cap(h));
             if any_under {
                 prop_assert!(el[got.host]);
                 prop_assert!(loads[got.host] < r.capacity(got.host, total, &bound));
+                if loads[got.host] >= cap(got.host) {
+                    prop_assert!(got.cached_bytes as f64 >= HOT_KEEP_FRACTION * 5000.0);
+                }
             }
+            // With every host eligible and hot, nobody above ceil(c (L + 1) /
+            // n) but for a prompt it holds at least half of.
+            let all_hot = vec![true; n];
+            let everyone = vec![true; n];
+            let g = place(&r, key, loads, pending, &bound, &everyone, &all_hot, &chain, 5000, &index, 0, &p).unwrap();
+            if loads[g.host] >= r.capacity(g.host, total, &pure) {
+                prop_assert!(g.cached_bytes as f64 >= HOT_KEEP_FRACTION * 5000.0);
+                prop_assert!(loads[g.host] < r.capacity(g.host, total, &bound));
+            }
+            // Without hot hosts nothing is counted as skipped for heat.
+            let cold = place(&r, key, loads, pending, &bound, &el, &[], &chain, 5000, &index, 0, &p).unwrap();
+            prop_assert_eq!(cold.hot_skipped, 0);
             // One candidate is plain bounded loads.
             let one = CostParams { candidates: 1, ..p };
-            let g1 = place(&r, key, loads, pending, &bound, &el, &chain, 5000, &index, 0, &one).unwrap();
+            let g1 = place(&r, key, loads, pending, &bound, &el, &[], &chain, 5000, &index, 0, &one).unwrap();
             prop_assert_eq!(g1.host, r.place(key, loads, &bound, &el).unwrap().host);
         }
     }

@@ -2,15 +2,21 @@
 //! report.
 //!
 //! ## Effective load
-//! `load_h = max(inflight_h, reported_h)` where `inflight_h` counts the
-//! requests this proxy (all its worker threads) has routed to `h` and not yet
-//! finished, and `reported_h` is the replica's last reported queue depth if
-//! it is younger than `report_ttl_ms` (else 0). The maximum, not the sum:
-//! a replica's report already includes this proxy's requests, while a report
-//! far above our own count means other proxies (or other clients) are loading
-//! it. A host whose report is over the bound is therefore skipped even if our
-//! own count is low. One notion of load feeds the bound, so the ring's
-//! guarantee (some host is always under capacity) still holds.
+//! `load_h = inflight_h + others_h` ([`HostLoad::effective`]) where
+//! `inflight_h` counts the requests this proxy (all its worker threads) has
+//! routed to `h` and not yet finished, and `others_h` is what the replica's
+//! last report (if younger than `report_ttl_ms`) counts beyond this proxy's
+//! own requests at the time of the report: waiting + running requests that
+//! other proxies or clients sent ([`HostLoad::others`]). With one proxy and
+//! no other clients this is exactly the in-flight count; with several, the
+//! fleet's. One notion of load feeds the bound, so the ring's guarantee
+//! (some host is always under capacity) still holds.
+//!
+//! ## Recent load
+//! [`LoadTrend`] keeps, per host, an exponential moving average of the
+//! effective load over time (time constant `cost.hot_window_s`), sampled at
+//! each decision: the cost rule's hot-host rule ([`crate::cost`]) compares
+//! it with the fleet's mean.
 //!
 //! ## Reports
 //! - ORCA `endpoint-load-metrics` (what vLLM sends when the request carries
@@ -62,6 +68,10 @@ pub struct HostLoad {
     /// request. Read only by the cost rule with `cost.queue = "tokens"`
     /// ([`crate::cost`]); 0 when the caller does not track it.
     pub pending_prefill_tokens: u64,
+    /// The host's recent effective load ([`LoadTrend`], written by
+    /// [`crate::Router::track_recent`]); 0 when the caller does not track
+    /// it. Read only by the cost rule's hot-host rule.
+    pub recent: f64,
 }
 
 impl HostLoad {
@@ -349,7 +359,54 @@ pub fn read_load<S: SharedStore + ?Sized>(
         report,
         ejected: false,
         pending_prefill_tokens: 0,
+        recent: 0.0,
     })
+}
+
+/// Each host's recent load: an exponential moving average over time of its
+/// effective load, with time constant `tau_s` seconds.
+///
+/// Sampled at decisions ([`LoadTrend::observe`]): after `dt` seconds the
+/// average moves `1 - exp(-dt / tau_s)` of the way to the load seen now, so
+/// it weighs the last `tau_s` seconds most whatever the request rate. The
+/// load seen at a sample stands for the whole interval before it (a sample
+/// and hold; decisions are frequent where the average matters). No clock
+/// inside: the caller passes the time. O(hosts) per sample.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadTrend {
+    avg: Vec<f64>,
+    last_ms: Option<u64>,
+}
+
+impl LoadTrend {
+    /// An empty trend (the first sample sets every average).
+    pub fn new() -> LoadTrend {
+        LoadTrend::default()
+    }
+
+    /// Fold in `loads` (one per host) seen at `now_ms`. A change in the
+    /// number of hosts, or a first sample, starts over from `loads`; a time
+    /// earlier than the last sample counts as no time passing.
+    pub fn observe(&mut self, now_ms: u64, tau_s: f64, loads: &[u64]) {
+        let restart = self.last_ms.is_none() || self.avg.len() != loads.len();
+        if restart || !(tau_s.is_finite() && tau_s > 0.0) {
+            self.avg = loads.iter().map(|&l| l as f64).collect();
+            self.last_ms = Some(now_ms);
+            return;
+        }
+        let last = self.last_ms.unwrap_or(now_ms);
+        let dt = now_ms.saturating_sub(last) as f64 / 1000.0;
+        let keep = (-dt / tau_s).exp();
+        for (a, &l) in self.avg.iter_mut().zip(loads) {
+            *a = keep * *a + (1.0 - keep) * l as f64;
+        }
+        self.last_ms = Some(now_ms.max(last));
+    }
+
+    /// The averages, one per host (empty before the first sample).
+    pub fn recent(&self) -> &[f64] {
+        &self.avg
+    }
 }
 
 /// An in-memory [`SharedStore`] (tests, simulator).
@@ -436,6 +493,37 @@ mod tests {
         assert!(parse_queue_header("").is_err());
     }
 
+    #[test]
+    fn load_trend_is_a_time_weighted_average() {
+        let mut t = LoadTrend::new();
+        assert!(t.recent().is_empty());
+        // The first sample sets it.
+        t.observe(1_000, 10.0, &[4, 0]);
+        assert_eq!(t.recent(), &[4.0, 0.0]);
+        // After one time constant it has moved 1 - 1/e of the way.
+        t.observe(11_000, 10.0, &[0, 10]);
+        let e = (-1.0f64).exp();
+        assert!((t.recent()[0] - 4.0 * e).abs() < 1e-12);
+        assert!((t.recent()[1] - 10.0 * (1.0 - e)).abs() < 1e-12);
+        // No time passing (or time going back) changes nothing.
+        let before = t.recent().to_vec();
+        t.observe(11_000, 10.0, &[100, 100]);
+        t.observe(5_000, 10.0, &[100, 100]);
+        assert_eq!(t.recent(), before.as_slice());
+        // The rate of sampling does not matter: ten 1 s steps = one 10 s step.
+        let (mut fine, mut coarse) = (LoadTrend::new(), LoadTrend::new());
+        fine.observe(0, 10.0, &[0]);
+        coarse.observe(0, 10.0, &[0]);
+        for s in 1..=10 {
+            fine.observe(s * 1_000, 10.0, &[5]);
+        }
+        coarse.observe(10_000, 10.0, &[5]);
+        assert!((fine.recent()[0] - coarse.recent()[0]).abs() < 1e-9);
+        // A new host list starts over.
+        t.observe(12_000, 10.0, &[1, 2, 3]);
+        assert_eq!(t.recent(), &[1.0, 2.0, 3.0]);
+    }
+
     /// A host with `inflight` requests of this proxy and one report.
     fn reported(inflight: u64, queue: f64, running: f64, own: u64, at_ms: u64) -> HostLoad {
         HostLoad {
@@ -448,6 +536,7 @@ mod tests {
             }),
             ejected: false,
             pending_prefill_tokens: 0,
+            recent: 0.0,
         }
     }
 

@@ -105,6 +105,11 @@ impl Ring {
         self.weights.len()
     }
 
+    /// Weight of host `h` (0 for an unknown host).
+    pub fn weight(&self, h: usize) -> f64 {
+        self.weights.get(h).copied().unwrap_or(0.0)
+    }
+
     /// Number of points.
     pub fn points(&self) -> usize {
         self.points.len()

@@ -22,7 +22,7 @@ use crate::extract::{extract, Api, ExtractError};
 use crate::hash;
 use crate::index::{PrefixIndex, PrefixLookup};
 use crate::key::KeySink;
-use crate::load::HostLoad;
+use crate::load::{HostLoad, LoadTrend};
 use crate::ring::{Bound, Ring};
 
 /// Why a request was left to Envoy's own load balancing.
@@ -129,6 +129,10 @@ pub enum Decision {
         /// prefix there, or a shorter queue) over the first host under the
         /// bound; `false` when the bound alone explains the choice.
         moved: bool,
+        /// Cost rule only: hosts passed over because they were hot (their
+        /// recent load above `cost.hot_factor` x the mean) and at the pure
+        /// bound, though under the `min_capacity` floor.
+        hot_skipped: u32,
     },
     /// Leave it to Envoy's load balancing.
     Fallback(FallbackCause),
@@ -158,6 +162,7 @@ impl Decision {
                 skipped,
                 key,
                 cached,
+                hot_skipped,
                 ..
             } => {
                 let addr = cfg
@@ -177,6 +182,9 @@ impl Decision {
                 );
                 if let Some(c) = cached {
                     let _ = write!(s, ";cached={c}");
+                }
+                if *hot_skipped > 0 {
+                    let _ = write!(s, ";hot_skipped={hot_skipped}");
                 }
             }
             Decision::Fallback(c) => {
@@ -388,6 +396,23 @@ impl Router {
         (eff, eligible)
     }
 
+    /// Fold the effective loads of `loads` at `now_ms` into `trend`
+    /// (time constant `cost.hot_window_s`) and write each host's recent
+    /// load into `loads[i].recent`, for the cost rule's hot-host rule.
+    /// Does nothing with the rule off (`cost.mode = off` or
+    /// `cost.hot_window_s = 0`).
+    pub fn track_recent(&self, trend: &mut LoadTrend, loads: &mut [HostLoad], now_ms: u64) {
+        let tau = self.cfg.cost.params.hot_window_s;
+        if !self.cfg.cost.enabled || tau <= 0.0 {
+            return;
+        }
+        let (eff, _) = self.loads(loads, now_ms);
+        trend.observe(now_ms, tau, &eff);
+        for (l, &r) in loads.iter_mut().zip(trend.recent()) {
+            l.recent = r;
+        }
+    }
+
     /// An empty prefix index with this config's bounds (one per proxy).
     pub fn new_index(&self) -> PrefixIndex {
         PrefixIndex::new(self.cfg.cost.index)
@@ -422,6 +447,8 @@ impl Router {
             return self.place(key, loads, now_ms);
         }
         let (eff, eligible) = self.loads(loads, now_ms);
+        let recent: Vec<f64> = loads.iter().map(|l| l.recent).collect();
+        let hot = cost::hot_hosts(&self.ring, &recent, &eligible, params);
         let ttl = self.cfg.load.report_ttl_ms;
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
@@ -442,6 +469,7 @@ impl Router {
             &pending,
             &self.bound(),
             &eligible,
+            &hot,
             &prompt.hashes,
             prompt.bytes,
             index,
@@ -454,6 +482,7 @@ impl Router {
                 key,
                 cached: Some(p.cached_bytes),
                 moved: p.moved,
+                hot_skipped: p.hot_skipped,
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -514,6 +543,7 @@ impl Router {
                 key,
                 cached: None,
                 moved: false,
+                hot_skipped: 0,
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
@@ -905,6 +935,33 @@ mod tests {
     }
 
     #[test]
+    fn track_recent_feeds_the_hot_rule() {
+        let r = router(3);
+        let mut trend = LoadTrend::new();
+        let mut loads = vec![HostLoad::default(); 3];
+        loads[0].inflight = 6;
+        loads[1].inflight = 1;
+        r.track_recent(&mut trend, &mut loads, 1_000);
+        let recent: Vec<f64> = loads.iter().map(|l| l.recent).collect();
+        assert_eq!(recent, vec![6.0, 1.0, 0.0]);
+        // Off: the loads are left alone.
+        let mut raw = crate::config::RawConfig::default_without_hosts();
+        raw.hosts = (0..3)
+            .map(|i| crate::config::RawHost {
+                address: format!("127.0.0.1:{}", 18001 + i),
+                name: None,
+                weight: None,
+            })
+            .collect();
+        raw.cost.hot_window_s = 0.0;
+        let off = Router::new(raw.compile().unwrap());
+        let mut fresh = vec![HostLoad::default(); 3];
+        fresh[0].inflight = 6;
+        off.track_recent(&mut LoadTrend::new(), &mut fresh, 1_000);
+        assert!(fresh.iter().all(|l| l.recent == 0.0));
+    }
+
+    #[test]
     fn describe_routed() {
         let r = router(2);
         let d = Decision::Routed {
@@ -917,6 +974,7 @@ mod tests {
             },
             cached: None,
             moved: false,
+            hot_skipped: 0,
         };
         assert_eq!(
             d.describe(r.config()),
@@ -929,6 +987,7 @@ mod tests {
                 key,
                 cached: Some(4096),
                 moved: false,
+                hot_skipped: 0,
             },
             other => other,
         };
@@ -943,12 +1002,13 @@ mod tests {
                 key,
                 cached: Some(4096),
                 moved: true,
+                hot_skipped: 2,
             },
             other => other,
         };
         assert_eq!(
             d.describe(r.config()),
-            "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096"
+            "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096;hot_skipped=2"
         );
     }
 }

@@ -157,6 +157,11 @@ impl Http {
             }
             loads.push(l);
         }
+        // The hot-host rule's recent loads (a no-op with it off).
+        match self.st.trend.try_borrow_mut() {
+            Ok(mut t) => self.st.router.track_recent(&mut t, &mut loads, now),
+            Err(_) => self.st.metrics.inc(self.st.metrics.host_errors, 1),
+        }
         let mut params = cfg.cost.params;
         if cost_on && cfg.cost.learn_prefill {
             match shared_index::read_learned_prefill(&SharedData) {

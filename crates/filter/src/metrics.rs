@@ -23,6 +23,7 @@
 //! | `prefix_router.index.forget.flushed` | `cost.mode = on` with `scrape.hit_metrics`: times a host's entries were dropped because its prefix-cache hits fell below 10 % of what the index credited it with over at least 4,096 credited tokens (a cache flush, e.g. vLLM's `/reset_prefix_cache`; `prefix_router_core::scrape`) |
 //! | `prefix_router.index.forget.capacity` | `cost.mode = on`: times a host's capacity horizon moved (`cost.host_tokens` newer tokens pushed older entries out of its cache) |
 //! | `prefix_router.cost.credited_tokens` | `cost.mode = on`: prompt tokens the index credited the chosen hosts with (cached bytes / `bytes_per_token`, rounded up): compare with the replicas' prefix-cache hits (vLLM `vllm:prefix_cache_hits_total`) to check `cost.host_tokens` |
+//! | `prefix_router.cost.hot_skipped` | `cost.mode = on` with `cost.hot_window_s > 0`: hosts passed over on a key's walk because they were hot (recent load above `cost.hot_factor` x the fleet's mean) and at the pure bound, though under the `min_capacity` floor; each decision also says `hot_skipped=N` in its header and debug log |
 //! | `prefix_router.cost.prefill_tps` | `cost.learn_prefill`: gauge, the learned prefill rate in tokens per second (set at each usable sample) |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
@@ -57,6 +58,7 @@ pub struct Metrics {
     pub vm_memory: u32,
     pub prefill_tps: u32,
     pub credited_tokens: u32,
+    hot_skipped: u32,
     per_host: Vec<u32>,
 }
 
@@ -150,6 +152,11 @@ impl Metrics {
             } else {
                 0
             },
+            hot_skipped: if cfg.cost.enabled && cfg.cost.params.hot_window_s > 0.0 {
+                def("prefix_router.cost.hot_skipped")
+            } else {
+                0
+            },
             per_host: cfg
                 .hosts
                 .iter()
@@ -187,8 +194,10 @@ impl Metrics {
                 skipped,
                 key,
                 moved,
+                hot_skipped,
                 ..
             } => {
+                self.inc(self.hot_skipped, u64::from(*hot_skipped));
                 if *moved {
                     self.inc(self.moved, 1);
                 } else if *skipped == 0 {

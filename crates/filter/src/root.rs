@@ -28,6 +28,9 @@ pub struct State {
     pub metrics: Metrics,
     /// This VM's linear memory as last added to `prefix_router.vm.memory_bytes`.
     pub memory_reported: std::cell::Cell<u64>,
+    /// Each host's recent load as this VM sees it at its decisions
+    /// (`cost.hot_window_s`; every VM reads the same shared loads).
+    pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
 }
 
 impl State {
@@ -157,6 +160,7 @@ impl RootContext for Root {
                     router: Router::new(cfg),
                     metrics,
                     memory_reported: std::cell::Cell::new(0),
+                    trend: std::cell::RefCell::new(Default::default()),
                 });
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.

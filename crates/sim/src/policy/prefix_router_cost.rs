@@ -21,7 +21,10 @@
 //! of the KV cache, 1),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
-//! `inflight_s` (`cost.inflight_s`, 0), `learn=1` (`cost.learn_prefill`:
+//! `inflight_s` (`cost.inflight_s`, 0), `hot_window_s` and `hot_factor`
+//! (`cost.hot_window_s`, 10, and `cost.hot_factor`, 1.1: the hot-host rule,
+//! each proxy keeping its own `LoadTrend` of the loads it sees, as each
+//! filter VM does), `learn=1` (`cost.learn_prefill`:
 //! learn the prefill rate from each request's time to first token with
 //! the core's `learn_prefill_rate`, as the filter does from streamed
 //! responses; JSON `learned_prefill_tps`), and the experiment `pending=prompt` (count
@@ -42,7 +45,7 @@
 use std::collections::BTreeMap;
 
 use prefix_router_core::index::PrefixIndex;
-use prefix_router_core::load::HostLoad;
+use prefix_router_core::load::{HostLoad, LoadTrend};
 use prefix_router_core::{Config, Decision, Router};
 
 use super::prefix_router::{refresh_loads, round_robin_fallback};
@@ -71,6 +74,8 @@ pub struct Params {
     pub queue: String,
     pub stay_margin_s: f64,
     pub inflight_s: f64,
+    pub hot_window_s: f64,
+    pub hot_factor: f64,
     /// `learn=1`: learn the prefill rate online (`cost.learn_prefill`).
     pub learn_prefill: bool,
     /// Experiment: `pending=prompt` counts whole prompts as pending
@@ -95,6 +100,8 @@ impl Params {
             queue: d.queue,
             stay_margin_s: d.stay_margin_s,
             inflight_s: d.inflight_s,
+            hot_window_s: d.hot_window_s,
+            hot_factor: d.hot_factor,
             learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
         };
@@ -112,6 +119,8 @@ impl Params {
                 "queue" => p.queue = v.clone(),
                 "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
                 "inflight_s" => p.inflight_s = num(k, v)?,
+                "hot_window_s" => p.hot_window_s = num(k, v)?,
+                "hot_factor" => p.hot_factor = num(k, v)?,
                 "learn" | "learn_prefill" => p.learn_prefill = num(k, v)? != 0.0,
                 "pending" => {
                     p.pending_whole_prompt = match v.as_str() {
@@ -147,6 +156,8 @@ impl Params {
         raw.cost.queue = self.queue.clone();
         raw.cost.stay_margin_s = self.stay_margin_s;
         raw.cost.inflight_s = self.inflight_s;
+        raw.cost.hot_window_s = self.hot_window_s;
+        raw.cost.hot_factor = self.hot_factor;
         raw.cost.learn_prefill = self.learn_prefill;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
@@ -183,6 +194,8 @@ pub struct PrefixRouterCost {
     /// routing time (ms) and the prefill tokens known ahead of it.
     learned_tps: Option<f64>,
     samples: BTreeMap<u64, (u64, u64)>,
+    /// Each host's recent load (`cost.hot_window_s`).
+    trend: LoadTrend,
 }
 
 impl PrefixRouterCost {
@@ -216,6 +229,7 @@ impl PrefixRouterCost {
             credited_tokens: 0,
             learned_tps: p.learn_prefill.then_some(params.prefill_tokens_per_s),
             samples: BTreeMap::new(),
+            trend: LoadTrend::new(),
         })
     }
 
@@ -247,6 +261,8 @@ impl Policy for PrefixRouterCost {
         }
         let now = view.now_ms();
         self.last_ms = self.last_ms.max(now);
+        self.router
+            .track_recent(&mut self.trend, &mut self.loads, now);
         // With learning on, the cost rule uses the learned rate, as the
         // filter does.
         let params = match self.learned_tps {
