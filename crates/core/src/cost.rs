@@ -31,13 +31,20 @@
 //! keeps the request unless the best estimate beats its own by more than
 //! `stay_margin_s` (default 0.1 s).
 //!
+//! A hot host (its recent load well above the fleet's mean, "Hot hosts
+//! lose the floor" below) is held to the pure bound without the capacity
+//! floor, except for a prompt it holds at least half of.
+//!
 //! If no eligible host is under capacity (only possible when ejected hosts
 //! hold the spare capacity), the choice is [`Ring::place`]'s.
 //!
 //! ## Guarantees
 //! - Bounded loads are kept: a candidate is always under its capacity, and
 //!   the first eligible host under capacity is always a candidate, so a host
-//!   at or over its bound is never chosen while one under it exists.
+//!   at or over its bound is never chosen while one under it exists. A hot
+//!   host over the pure bound `ceil(c (L + 1) w / W)` (but under its floor)
+//!   takes only prompts it is credited with at least
+//!   [`HOT_KEEP_FRACTION`] of.
 //! - `candidates = 1` is exactly [`Ring::place`].
 //! - Deterministic: no clock, no randomness, ring order breaks ties.
 //!
@@ -117,6 +124,42 @@
 //! "Envoy lab"): argmin kept 94.0 % of turns on their conversation's
 //! replica at a 75.2 % hit rate and TTFT p90 148 ms; the 0.1 s margin kept
 //! 100 % at 81.4 % and 133 ms.
+//!
+//! ## Hot hosts lose the floor (`cost.hot_window_s`, `cost.hot_factor`)
+//! The capacity floor (`min_capacity`, default 8) lets a host hold up to 8
+//! requests whatever the fleet's load, so that at light load a replica
+//! with cached conversations is never "full" after two or three requests.
+//! At a few requests per replica on average that also lets requests pile up
+//! where the cost rule finds short prefill queues (a replica busy decoding
+//! long answers has no prefill ahead and looks free), and one replica can
+//! hold 1.3-1.6x the mean for a minute (BENCHMARKS, "Hot hosts lose the
+//! floor").
+//!
+//! So each proxy keeps every host's recent load: an exponential moving
+//! average of its effective load with time constant `hot_window_s`
+//! (default 10 s; [`crate::load::LoadTrend`], sampled at each decision). A
+//! host whose recent load per unit weight is above `hot_factor` (default
+//! 1.1) x the mean of the eligible hosts ([`hot_hosts`]) is hot, and a hot
+//! host is held to the pure bound `ceil(c (L + 1) w / W)`: at or over it,
+//! it is passed over (counted in `hot_skipped`), unless the index credits
+//! it with at least half of the prompt ([`HOT_KEEP_FRACTION`]): the next
+//! turn of a conversation it holds stays, up to the floor, because moving
+//! it costs a whole prefill; a new conversation goes elsewhere. A held host
+//! does not count towards `candidates`.
+//!
+//! - Fleet-consistent: the recent loads are averages of effective loads,
+//!   which include the replicas' reports, so proxies agree on which hosts
+//!   are hot (a per-proxy penalty on its own counts was tried and split
+//!   shared prefixes between proxies: BENCHMARKS).
+//! - Cost: O(hosts) per decision for the average and the mean.
+//! - Trade-off (BENCHMARKS, "Hot hosts lose the floor", six seeds): at
+//!   issue 4's Mooncake load A it brings the worst 60 s window from
+//!   1.31-1.42 (one proxy) and 1.37-1.75 (four) down to 1.25-1.33 and
+//!   1.22-1.31, and leaves load B's at 1.17-1.27; it costs TTFT p90 0-5 %
+//!   and, with four proxies, some hit rate (a proxy that has not seen a
+//!   conversation does not know the hot host holds it). It does not reach
+//!   1.25 on every seed: the pure bound itself allows `ceil(1.25 x 33 / 8)
+//!   = 6` requests against a mean of 4.
 //!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
