@@ -692,58 +692,33 @@ mod tests {
         pending[a] = 6_000;
         pending[b] = 24_000;
         let el = vec![true; 4];
+        let at = |pending: &[u64], p: &CostParams| {
+            place(
+                &r,
+                key,
+                &loads,
+                pending,
+                &bound,
+                &el,
+                &[],
+                &chain,
+                48_000,
+                &index,
+                0,
+                p,
+            )
+            .unwrap()
+        };
         // Requests: B (as in the first example); tokens: A keeps it.
-        let c = place(
-            &r,
-            key,
-            &loads,
-            &pending,
-            &bound,
-            &el,
-            &[],
-            &chain,
-            48_000,
-            &index,
-            0,
-            &q,
-        );
-        assert_eq!(c.unwrap().host, b);
-        let c = place(
-            &r,
-            key,
-            &loads,
-            &pending,
-            &bound,
-            &el,
-            &[],
-            &chain,
-            48_000,
-            &index,
-            0,
-            &p,
-        );
-        let c = c.unwrap();
+        assert_eq!(at(&pending, &q).host, b);
+        let c = at(&pending, &p);
         assert_eq!((c.host, c.rank, c.cached_bytes), (a, 0, 40_000));
         assert!((c.ttft_s - 0.5).abs() < 1e-12);
         // A with 20,000 pending tokens (1.25 + 0.125 s) loses to an idle B
         // (0 + 0.75 s).
         pending[a] = 20_000;
         pending[b] = 0;
-        let c = place(
-            &r,
-            key,
-            &loads,
-            &pending,
-            &bound,
-            &el,
-            &[],
-            &chain,
-            48_000,
-            &index,
-            0,
-            &p,
-        );
-        assert_eq!(c.unwrap().host, b);
+        assert_eq!(at(&pending, &p).host, b);
     }
 
     #[test]
