@@ -32,7 +32,7 @@
 //! `stay_margin_s` (default 0.1 s).
 //!
 //! A hot host (its recent load well above the fleet's mean, "Hot hosts
-//! lose the floor" below) is held to the pure bound without the capacity
+//! lose the floor" below) is held to the bound with half the capacity
 //! floor, except for a prompt it holds at least half of.
 //!
 //! If no eligible host is under capacity (only possible when ejected hosts
@@ -42,7 +42,8 @@
 //! - Bounded loads are kept: a candidate is always under its capacity, and
 //!   the first eligible host under capacity is always a candidate, so a host
 //!   at or over its bound is never chosen while one under it exists. A hot
-//!   host over the pure bound `ceil(c (L + 1) w / W)` (but under its floor)
+//!   host at or over its hot bound `max(ceil(c (L + 1) w / W),
+//!   ceil(min_capacity x HOT_FLOOR_SHARE x w))` (but under its capacity)
 //!   takes only prompts it is credited with at least
 //!   [`HOT_KEEP_FRACTION`] of.
 //! - `candidates = 1` is exactly [`Ring::place`].
@@ -140,12 +141,20 @@
 //! (default 10 s; [`crate::load::LoadTrend`], sampled at each decision). A
 //! host whose recent load per unit weight is above `hot_factor` (default
 //! 1.1) x the mean of the eligible hosts ([`hot_hosts`]) is hot, and a hot
-//! host is held to the pure bound `ceil(c (L + 1) w / W)`: at or over it,
-//! it is passed over (counted in `hot_skipped`), unless the index credits
+//! host keeps only half its floor ([`HOT_FLOOR_SHARE`]): its hot bound is
+//! `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))`, 4 requests
+//! by default. At or over it, it is passed over (counted in
+//! `hot_skipped`), unless the index credits
 //! it with at least half of the prompt ([`HOT_KEEP_FRACTION`]): the next
 //! turn of a conversation it holds stays, up to the floor, because moving
 //! it costs a whole prefill; a new conversation goes elsewhere. A held host
-//! does not count towards `candidates`.
+//! does not count towards `candidates`. Half the floor, not none: in a
+//! nearly idle fleet a host serving one request is already above the
+//! mean, and its pure bound there is 1 or 2, so without a remaining floor
+//! the rule would make light traffic least-loaded and move keys off their
+//! ring owner (and different proxies, seeing different in-flight counts,
+//! would disagree). At 3 or more requests per replica the pure bound is
+//! above 4 and decides.
 //!
 //! - Fleet-consistent: the recent loads are averages of effective loads,
 //!   which include the replicas' reports, so proxies agree on which hosts
@@ -193,10 +202,14 @@
 use crate::index::PrefixLookup;
 use crate::ring::{Bound, Placement, Ring};
 
-/// A hot host at its pure bound still takes a prompt it is credited with
+/// A hot host at its hot bound still takes a prompt it is credited with
 /// at least this share of (a conversation's next turn): see "Hot hosts
 /// lose the floor".
 pub const HOT_KEEP_FRACTION: f64 = 0.5;
+
+/// The share of `min_capacity` a hot host keeps: see "Hot hosts lose the
+/// floor".
+pub const HOT_FLOOR_SHARE: f64 = 0.5;
 
 /// Estimates within this many seconds are equal (ring order decides).
 pub const EPSILON_S: f64 = 1e-9;
@@ -387,8 +400,8 @@ pub struct CostPlacement {
     /// Whether a non-first candidate won on cost (affinity or load moved it
     /// off the first qualifying host).
     pub moved: bool,
-    /// Hosts passed over on the walk only because they were hot: under the
-    /// capacity floor, but at or over the pure bound.
+    /// Hosts passed over on the walk only because they were hot: under
+    /// their capacity, but at or over the hot bound (half the floor).
     pub hot_skipped: u32,
 }
 
@@ -470,13 +483,13 @@ pub fn place<I: PrefixLookup + ?Sized>(
 ) -> Option<CostPlacement> {
     let total: u64 = loads.iter().sum();
     let want = p.candidates.max(1) as usize;
-    // (host, rank on the walk, held): a hot host at or over the pure bound
-    // (but under its floor) is "held": it stays a candidate only for a
+    // (host, rank on the walk, held): a hot host at or over its hot bound
+    // (but under its capacity) is "held": it stays a candidate only for a
     // prompt it is credited with at least half of, and does not count
     // towards `candidates`.
     let mut cands: Vec<(usize, u32, bool)> = Vec::with_capacity(want + 1);
-    let pure = Bound {
-        min_capacity: 0.0,
+    let hot_bound = Bound {
+        min_capacity: bound.min_capacity * HOT_FLOOR_SHARE,
         ..*bound
     };
     let mut firm = 0usize;
@@ -491,7 +504,8 @@ pub fn place<I: PrefixLookup + ?Sized>(
         if load >= ring.capacity(h, total, bound) {
             continue;
         }
-        let held = hot.get(h).copied().unwrap_or(false) && load >= ring.capacity(h, total, &pure);
+        let held =
+            hot.get(h).copied().unwrap_or(false) && load >= ring.capacity(h, total, &hot_bound);
         cands.push((h, rank as u32, held));
         firm += usize::from(!held);
     }
@@ -768,7 +782,8 @@ mod tests {
     #[test]
     fn a_hot_host_loses_its_floor_but_keeps_its_conversations() {
         // 4 hosts, 12 requests: the pure bound is ceil(1.25 x 13 / 4) = 5,
-        // the floor 8. The owner A holds 6.
+        // the floor 8, a hot host's floor 4: its hot bound is 5. The owner A
+        // holds 6.
         let r = ring(4);
         let key = 4242u64;
         let walk: Vec<usize> = r.walk(key).collect();
@@ -807,11 +822,11 @@ mod tests {
         // Not hot: the floor keeps A a candidate and its cache keeps the request.
         let c = at(&some, &loads, &[]);
         assert_eq!((c.host, c.cached_bytes, c.hot_skipped), (a, 5_000, 0));
-        // Hot and at its pure bound: passed over, and counted.
+        // Hot and over its hot bound: passed over, and counted.
         let c = at(&some, &loads, &hot);
         assert_eq!((c.host, c.rank, c.hot_skipped), (b, 1, 1));
-        // Hot but under the pure bound (9 in all: ceil(1.25 x 10 / 4) = 4):
-        // still a candidate.
+        // Hot but under its hot bound (9 in all: max(ceil(1.25 x 10 / 4),
+        // 4) = 4): still a candidate.
         let mut light = loads.clone();
         light[a] = 3;
         let c = at(&some, &light, &hot);
@@ -874,7 +889,10 @@ mod tests {
     ) -> Option<usize> {
         let total: u64 = loads.iter().sum();
         let walk: Vec<usize> = r.walk(key).collect();
-        let pure = Bound::factor(b.factor);
+        let pure = Bound {
+            factor: b.factor,
+            min_capacity: b.min_capacity * HOT_FLOOR_SHARE,
+        };
         let mut under: Vec<usize> = Vec::new();
         let mut firm = 0;
         for &h in &walk {
@@ -1082,9 +1100,9 @@ mod tests {
             let want = naive(&r, key, loads, pending, &bound, &el, hot, &cached, 5000, &p).unwrap();
             prop_assert_eq!(got.host, want);
             // The bound: never a host at/over capacity when an eligible one is
-            // under; and a hot host is held to the pure bound (no floor).
+            // under; and a hot host is held to its hot bound (half the floor).
             let total: u64 = loads.iter().sum();
-            let pure = Bound::factor(c);
+            let pure = Bound { factor: c, min_capacity: floor * HOT_FLOOR_SHARE };
             let cap = |h: usize| r.capacity(h, total, if hot[h] { &pure } else { &bound });
             let any_under = (0..n).any(|h| el[h] && loads[h] < cap(h));
             if any_under {
@@ -1094,8 +1112,8 @@ mod tests {
                     prop_assert!(got.cached_bytes as f64 >= HOT_KEEP_FRACTION * 5000.0);
                 }
             }
-            // With every host eligible and hot, nobody above ceil(c (L + 1) /
-            // n) but for a prompt it holds at least half of.
+            // With every host eligible and hot, nobody at or over the hot
+            // bound but for a prompt it holds at least half of.
             let all_hot = vec![true; n];
             let everyone = vec![true; n];
             let g = place(&r, key, loads, pending, &bound, &everyone, &all_hot, &chain, 5000, &index, 0, &p).unwrap();
