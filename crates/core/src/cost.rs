@@ -163,12 +163,12 @@
 //! - Cost: O(hosts) per decision for the average and the mean.
 //! - Trade-off (BENCHMARKS, "Hot hosts lose the floor", six seeds): at
 //!   issue 4's Mooncake load A it brings the worst 60 s window from
-//!   1.31-1.42 (one proxy) and 1.37-1.75 (four) down to 1.25-1.33 and
-//!   1.22-1.31, and leaves load B's at 1.17-1.27; it costs TTFT p90 0-5 %
-//!   and, with four proxies, some hit rate (a proxy that has not seen a
-//!   conversation does not know the hot host holds it). It does not reach
-//!   1.25 on every seed: the pure bound itself allows `ceil(1.25 x 33 / 8)
-//!   = 6` requests against a mean of 4.
+//!   1.31-1.42 (one proxy) and 1.37-1.75 (four) down to 1.25-1.35 and
+//!   1.21-1.30, and load B's to 1.16-1.26; it costs TTFT p90 up to 6 % at
+//!   load A with one proxy and, with four proxies, some hit rate (a proxy
+//!   that has not seen a conversation does not know the hot host holds it).
+//!   It does not reach 1.25 on every seed: the pure bound itself allows
+//!   `ceil(1.25 x 33 / 8) = 6` requests against a mean of 4.
 //!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
