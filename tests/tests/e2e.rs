@@ -1736,8 +1736,8 @@ fn prefill_rate_is_learned_from_streamed_responses() {
 }
 
 // 21. Hot hosts lose the capacity floor (`cost.hot_window_s`): a replica reporting 6 running
-//     requests (under the floor of 8, so the bound alone would still take it) is hot against
-//     an idle fleet. New conversations pass it over (each counted in
+//     requests (under the floor of 8, so the bound alone would still take it; over a hot
+//     host's half floor of 4) is hot against an idle fleet. New conversations pass it over (each counted in
 //     `prefix_router.cost.hot_skipped` and the decision header's `hot_skipped=`), while the
 //     conversations it already holds keep their turns there (the index credits it with more
 //     than half of each prompt). With the rule off (`hot_window_s: 0`) new conversations do

@@ -130,8 +130,9 @@ pub enum Decision {
         /// bound; `false` when the bound alone explains the choice.
         moved: bool,
         /// Cost rule only: hosts passed over because they were hot (their
-        /// recent load above `cost.hot_factor` x the mean) and at the pure
-        /// bound, though under the `min_capacity` floor.
+        /// recent load above `cost.hot_factor` x the mean) and at their hot
+        /// bound (half the `min_capacity` floor, or the pure bound if
+        /// higher), though under their capacity.
         hot_skipped: u32,
     },
     /// Leave it to Envoy's load balancing.
