@@ -16,7 +16,8 @@
 //! first term, see "Token-aware queue" below), where `load_h` is the
 //! effective load of
 //! [`crate::load::HostLoad`]
-//! (`max(in-flight, fresh reported queue)`), `prompt_tokens = prompt bytes /
+//! (this proxy's in-flight requests plus the fresh report's requests
+//! beyond its own: `HostLoad::effective`), `prompt_tokens = prompt bytes /
 //! bytes_per_token`, and `cached_tokens_h` is the longest prefix of this
 //! prompt that the router's index ([`crate::index::PrefixLookup`]: the
 //! in-memory [`crate::index::PrefixIndex`] or the filter's
