@@ -407,7 +407,10 @@ impl Router {
         if !self.cfg.cost.enabled || tau <= 0.0 {
             return;
         }
-        let (eff, _) = self.loads(loads, now_ms);
+        let ttl = self.cfg.load.report_ttl_ms;
+        let eff: Vec<u64> = (0..self.cfg.hosts.len())
+            .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, ttl)))
+            .collect();
         trend.observe(now_ms, tau, &eff);
         for (l, &r) in loads.iter_mut().zip(trend.recent()) {
             l.recent = r;
@@ -448,8 +451,13 @@ impl Router {
             return self.place(key, loads, now_ms);
         }
         let (eff, eligible) = self.loads(loads, now_ms);
-        let recent: Vec<f64> = loads.iter().map(|l| l.recent).collect();
-        let hot = cost::hot_hosts(&self.ring, &recent, &eligible, params);
+        // The hot-host rule; nothing to collect with it off.
+        let hot = if params.hot_window_s > 0.0 {
+            let recent: Vec<f64> = loads.iter().map(|l| l.recent).collect();
+            cost::hot_hosts(&self.ring, &recent, &eligible, params)
+        } else {
+            Vec::new()
+        };
         let ttl = self.cfg.load.report_ttl_ms;
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
