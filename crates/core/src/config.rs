@@ -48,6 +48,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
+//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: on`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
 //! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: on`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
 
 use serde::Deserialize;
@@ -521,6 +522,135 @@ pub struct RawScrape {
     pub hit_metrics: Option<Vec<String>>,
 }
 
+/// Index gossip settings ([`crate::gossip`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGossip {
+    /// Peer Envoy listener addresses (`host:port`).
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// Envoy cluster of the peers (override_host policy).
+    #[serde(default)]
+    pub cluster: String,
+    #[serde(default = "d_gossip_path")]
+    pub path: String,
+    #[serde(default = "d_gossip_interval")]
+    pub interval_ms: u64,
+    #[serde(default = "d_gossip_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default = "d_true")]
+    pub accept: bool,
+    #[serde(default = "d_gossip_batch")]
+    pub max_batch_bytes: u64,
+}
+
+fn d_gossip_path() -> String {
+    "/.prefix-router/gossip".into()
+}
+fn d_gossip_interval() -> u64 {
+    100
+}
+fn d_gossip_timeout() -> u64 {
+    1000
+}
+fn d_gossip_batch() -> u64 {
+    262_144
+}
+
+/// Validated index gossip settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GossipConfig {
+    pub peers: Vec<String>,
+    pub cluster: String,
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub accept: bool,
+    pub max_batch_bytes: usize,
+    /// [`crate::gossip::fingerprint`] of this config's index settings.
+    pub fingerprint: u64,
+}
+
+/// Most gossip peers.
+pub const MAX_GOSSIP_PEERS: usize = 64;
+
+fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, ConfigError> {
+    if !cost.enabled {
+        return Err(err(
+            "gossip",
+            "set",
+            "needs cost.mode \"on\" (it shares the cost rule's prefix index)",
+        ));
+    }
+    if g.peers.len() > MAX_GOSSIP_PEERS {
+        return Err(err(
+            "gossip.peers",
+            g.peers.len(),
+            format!("at most {MAX_GOSSIP_PEERS} peers"),
+        ));
+    }
+    for (i, p) in g.peers.iter().enumerate() {
+        let ok = p
+            .rsplit_once(':')
+            .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|x| x > 0));
+        if !ok {
+            return Err(err(
+                format!("gossip.peers[{i}]"),
+                format!("{p:?}"),
+                "must be host:port",
+            ));
+        }
+    }
+    if !g.peers.is_empty() && g.cluster.is_empty() {
+        return Err(err(
+            "gossip.cluster",
+            "\"\"",
+            "name the Envoy cluster of the peers (needed to send to gossip.peers)",
+        ));
+    }
+    if !g.path.starts_with('/') {
+        return Err(err(
+            "gossip.path",
+            format!("{:?}", g.path),
+            "must start with '/'",
+        ));
+    }
+    if !(10..=60_000).contains(&g.interval_ms) {
+        return Err(err(
+            "gossip.interval_ms",
+            g.interval_ms,
+            "must be 10..=60000",
+        ));
+    }
+    if !(1..=60_000).contains(&g.timeout_ms) {
+        return Err(err("gossip.timeout_ms", g.timeout_ms, "must be 1..=60000"));
+    }
+    if !(1024..=16 * 1024 * 1024).contains(&g.max_batch_bytes) {
+        return Err(err(
+            "gossip.max_batch_bytes",
+            g.max_batch_bytes,
+            "must be 1024..=16777216",
+        ));
+    }
+    if g.peers.is_empty() && !g.accept {
+        return Err(err(
+            "gossip",
+            "no peers, accept false",
+            "sends nothing and accepts nothing: give peers or set accept",
+        ));
+    }
+    Ok(GossipConfig {
+        peers: g.peers.clone(),
+        cluster: g.cluster.clone(),
+        path: g.path.clone(),
+        interval_ms: g.interval_ms,
+        timeout_ms: g.timeout_ms,
+        accept: g.accept,
+        max_batch_bytes: usize::try_from(g.max_batch_bytes).unwrap_or(usize::MAX),
+        fingerprint: crate::gossip::fingerprint(&cost.index),
+    })
+}
+
 /// The filter JSON.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -552,6 +682,8 @@ pub struct RawConfig {
     pub scrape: Option<RawScrape>,
     #[serde(default)]
     pub cost: RawCost,
+    #[serde(default)]
+    pub gossip: Option<RawGossip>,
 }
 
 fn d_mode() -> String {
@@ -716,6 +848,7 @@ pub struct Config {
     pub health: crate::health::HealthConfig,
     pub scrape: Option<ScrapeConfig>,
     pub cost: CostConfig,
+    pub gossip: Option<GossipConfig>,
 }
 
 /// Upper bounds that keep a typo from exhausting a proxy's memory.
@@ -957,6 +1090,10 @@ impl RawConfig {
             Some(sc) => Some(compile_scrape(sc)?),
         };
         let cost = compile_cost(&self.cost, self.chunk_bytes)?;
+        let gossip = match &self.gossip {
+            None => None,
+            Some(g) => Some(compile_gossip(g, &cost)?),
+        };
         Ok(Config {
             hosts,
             capacity_factor: c,
@@ -987,6 +1124,7 @@ impl RawConfig {
             },
             scrape,
             cost,
+            gossip,
         })
     }
 }
@@ -1142,6 +1280,7 @@ impl RawConfig {
             load: RawLoad::default(),
             health: RawHealth::default(),
             scrape: None,
+            gossip: None,
             cost: RawCost::default(),
         }
     }
@@ -1154,6 +1293,62 @@ mod tests {
 
     fn bad(json: &str) -> ConfigError {
         Config::from_json(json.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn gossip_config() {
+        let h = r#""hosts":[{"address":"127.0.0.1:1"}]"#;
+        let ok = Config::from_json(
+            format!(r#"{{{h},"gossip":{{"peers":["127.0.0.1:9000","envoy-b.svc:10000"],"cluster":"peers"}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        let g = ok.gossip.unwrap();
+        assert_eq!(g.peers.len(), 2);
+        assert_eq!(
+            (
+                g.path.as_str(),
+                g.interval_ms,
+                g.timeout_ms,
+                g.accept,
+                g.max_batch_bytes
+            ),
+            ("/.prefix-router/gossip", 100, 1000, true, 262_144)
+        );
+        assert_eq!(g.fingerprint, crate::gossip::fingerprint(&ok.cost.index));
+        // Accept only.
+        assert!(
+            Config::from_json(format!(r#"{{{h},"gossip":{{}}}}"#).as_bytes())
+                .unwrap()
+                .gossip
+                .is_some()
+        );
+        let cases = [
+            (r#""cost":{"mode":"off"},"gossip":{}"#, "gossip"),
+            (r#""gossip":{"peers":["127.0.0.1:9000"]}"#, "gossip.cluster"),
+            (
+                r#""gossip":{"peers":["nope"],"cluster":"c"}"#,
+                "gossip.peers[0]",
+            ),
+            (
+                r#""gossip":{"peers":["h:0"],"cluster":"c"}"#,
+                "gossip.peers[0]",
+            ),
+            (r#""gossip":{"path":"x"}"#, "gossip.path"),
+            (r#""gossip":{"interval_ms":5}"#, "gossip.interval_ms"),
+            (r#""gossip":{"timeout_ms":0}"#, "gossip.timeout_ms"),
+            (
+                r#""gossip":{"max_batch_bytes":10}"#,
+                "gossip.max_batch_bytes",
+            ),
+            (r#""gossip":{"accept":false}"#, "gossip"),
+        ];
+        for (j, field) in cases {
+            let e = bad(&format!("{{{h},{j}}}"));
+            assert_eq!(e.field, field, "{j}: {e}");
+        }
+        let e = bad(&format!(r#"{{{h},"gossip":{{"peer":[]}}}}"#));
+        assert!(e.to_string().contains("peer"), "{e}");
     }
 
     #[test]

@@ -27,6 +27,7 @@
 pub mod config;
 pub mod cost;
 pub mod extract;
+pub mod gossip;
 pub mod hash;
 pub mod health;
 pub mod index;

@@ -46,6 +46,15 @@ pub fn add_response_header(name: &str, value: &str) -> Result<(), Status> {
     hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
 }
 
+/// Answer the request locally (the request is not forwarded).
+pub fn send_response(
+    status: u32,
+    headers: Vec<(&str, &str)>,
+    body: Option<&[u8]>,
+) -> Result<(), Status> {
+    hostcalls::send_http_response(status, headers, body)
+}
+
 /// The buffered request body, `len` bytes from the start.
 pub fn request_body(len: usize) -> Result<Vec<u8>, Status> {
     Ok(hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)?.unwrap_or_default())

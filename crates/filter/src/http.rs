@@ -67,6 +67,9 @@ pub struct Http {
     /// work known ahead of it there) for the prefill-rate sample taken at
     /// the response headers.
     learn: Option<(usize, u64, u64, u64)>,
+    /// This request is a gossip batch from a peer (`gossip.accept`): the
+    /// filter answers it and never forwards it.
+    gossip_rx: bool,
 }
 
 impl Http {
@@ -84,7 +87,46 @@ impl Http {
             prompt_bytes: 0,
             pending: None,
             learn: None,
+            gossip_rx: false,
         }
+    }
+
+    /// Answer a gossip request locally: 204 when applied, else `status`
+    /// with the reason (counted in `prefix_router.gossip.rejected`).
+    fn gossip_answer(&mut self, body_size: usize) -> Action {
+        let st = Rc::clone(&self.st);
+        let Some(g) = st.router.config().gossip.as_ref() else {
+            return Action::Continue;
+        };
+        let result = match (host::request_body(body_size), host::now_ms()) {
+            (Ok(body), Ok(now)) => {
+                crate::gossip::apply(&st, g, &body, now).map_err(|e| (400, e.to_string()))
+            }
+            (Err(e), _) | (_, Err(e)) => Err((500, format!("host call failed: {e:?}"))),
+        };
+        match result {
+            Ok(a) => {
+                st.metrics.inc(st.metrics.gossip_applied, a.applied);
+                st.metrics
+                    .inc(st.metrics.gossip_unknown_host, a.unknown_host);
+                self.respond(204, "")
+            }
+            Err((status, why)) => self.reject_gossip(status, &why),
+        }
+    }
+
+    fn reject_gossip(&mut self, status: u32, why: &str) -> Action {
+        self.st.metrics.inc(self.st.metrics.gossip_rejected, 1);
+        host::log(LogLevel::Warn, &format!("prefix-router: {why}"));
+        self.respond(status, why)
+    }
+
+    fn respond(&mut self, status: u32, body: &str) -> Action {
+        let b = (!body.is_empty()).then_some(body.as_bytes());
+        if let Err(e) = host::send_response(status, vec![("content-type", "text/plain")], b) {
+            self.host_error("answering a gossip request", e);
+        }
+        Action::Pause
     }
 
     fn host_error(&self, what: &str, err: impl std::fmt::Debug) {
@@ -482,7 +524,21 @@ impl Http {
         if let Some(e) = err {
             self.host_error("updating the shared prefix index", e);
         }
-        self.advance_capacity(idx, now);
+        let tokens = self.uncached_tokens(idx);
+        crate::gossip::advance_capacity(&self.st, idx, tokens, now);
+        if let Some(g) = cfg.gossip.as_ref().filter(|g| !g.peers.is_empty()) {
+            match self.st.outbox.try_borrow_mut() {
+                Ok(mut o) => o.push(
+                    prefix_router_core::gossip::Observation {
+                        host: addr,
+                        tokens,
+                        hashes: chain,
+                    },
+                    g.max_batch_bytes,
+                ),
+                Err(e) => self.host_error("queueing a gossip observation", e),
+            }
+        }
     }
 
     /// Prefix bytes the index credited host `idx` with for this request (0
@@ -521,23 +577,12 @@ impl Http {
     /// the serving host's cache (the prompt minus what the index credited it
     /// with) advance its capacity clock; when that pushes older entries out
     /// of its cache, raise its forget cutoff.
-    fn advance_capacity(&mut self, idx: usize, now: u64) {
+    /// The prompt tokens host `idx` took into its cache for this request:
+    /// the prompt minus the prefix the index credited it with.
+    fn uncached_tokens(&self, idx: usize) -> u64 {
         let cfg = self.st.router.config();
-        let budget = cfg.cost.index.host_tokens;
-        if budget == 0 {
-            return;
-        }
-        let credited = self.credited_at(idx);
-        let bytes = self.prompt_bytes.saturating_sub(credited);
-        let tokens = (bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64;
-        match shared_index::advance_capacity(&SharedData, idx, tokens, budget, now) {
-            Ok(Some(horizon)) => match shared_index::forget_hosts(&SharedData, &[idx], horizon) {
-                Ok(()) => self.st.metrics.inc(self.st.metrics.forget_capacity, 1),
-                Err(e) => self.host_error("raising a host's capacity horizon", e),
-            },
-            Ok(None) => {}
-            Err(e) => self.host_error("advancing a host's capacity clock", e),
-        }
+        let bytes = self.prompt_bytes.saturating_sub(self.credited_at(idx));
+        (bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64
     }
 
     fn release_pending(&mut self) {
@@ -576,6 +621,18 @@ impl HttpContext for Http {
         }
         let method = self.header(":method").unwrap_or_default();
         let path = self.header(":path").unwrap_or_default();
+        if let Some(g) = cfg.gossip.as_ref().filter(|g| g.accept) {
+            if path.split('?').next() == Some(g.path.as_str()) {
+                self.gossip_rx = true;
+                if method != "POST" {
+                    return self.reject_gossip(405, "gossip: only POST is accepted");
+                }
+                if end_of_stream {
+                    return self.reject_gossip(400, "gossip: empty batch");
+                }
+                return Action::Pause;
+            }
+        }
         let content_type = self.header("content-type");
         let content_length = self
             .header("content-length")
@@ -606,6 +663,24 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.gossip_rx {
+            let max = self
+                .st
+                .router
+                .config()
+                .gossip
+                .as_ref()
+                .map_or(0, |g| g.max_batch_bytes);
+            if body_size > max {
+                self.gossip_rx = false;
+                return self.reject_gossip(413, &format!("gossip: batch over {max} bytes"));
+            }
+            if !end_of_stream {
+                return Action::Pause;
+            }
+            self.gossip_rx = false;
+            return self.gossip_answer(body_size);
+        }
         let Some(api) = self.api else {
             return Action::Continue;
         };

@@ -14,7 +14,9 @@
 //!   Envoy rejects it) and the HTTP context factory.
 //! - [`http`]: the per-request state machine.
 //! - [`scrape`]: the optional active `/metrics` scrape (one elected VM).
+//! - [`gossip`]: the optional index gossip between Envoys.
 
+pub mod gossip;
 pub mod host;
 pub mod http;
 pub mod metrics;

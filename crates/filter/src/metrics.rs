@@ -25,6 +25,11 @@
 //! | `prefix_router.cost.credited_tokens` | `cost.mode = on`: prompt tokens the index credited the chosen hosts with (cached bytes / `bytes_per_token`, rounded up): compare with the replicas' prefix-cache hits (vLLM `vllm:prefix_cache_hits_total`) to check `cost.host_tokens` |
 //! | `prefix_router.cost.hot_skipped` | `cost.mode = on` with `cost.hot_window_s > 0`: hosts passed over on a key's walk because they were hot (recent load above `cost.hot_factor` x the fleet's mean) and at their hot bound (half the `min_capacity` floor, or the pure bound if higher), though under their capacity; each decision also says `hot_skipped=N` in its header and debug log |
 //! | `prefix_router.cost.prefill_tps` | `cost.learn_prefill`: gauge, the learned prefill rate in tokens per second (set at each usable sample) |
+//! | `prefix_router.gossip.sent` | `gossip.peers`: observations sent (each batch counts its observations once per peer it was dispatched to) |
+//! | `prefix_router.gossip.send_errors` | `gossip.peers`: batches not dispatched, answered non-2xx, or timed out |
+//! | `prefix_router.gossip.dropped` | `gossip.peers`: observations dropped unsent because the outbox held `max_batch_bytes` |
+//! | `prefix_router.gossip.applied` / `prefix_router.gossip.unknown_host` | `gossip.accept`: received observations recorded in this Envoy's index / naming a host not in its `hosts` (skipped) |
+//! | `prefix_router.gossip.rejected` | `gossip.accept`: received batches refused (malformed, too large, another fingerprint, not a POST); the 400 answer and the log say why |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
@@ -59,6 +64,12 @@ pub struct Metrics {
     pub prefill_tps: u32,
     pub credited_tokens: u32,
     hot_skipped: u32,
+    pub gossip_sent: u32,
+    pub gossip_send_errors: u32,
+    pub gossip_dropped: u32,
+    pub gossip_applied: u32,
+    pub gossip_unknown_host: u32,
+    pub gossip_rejected: u32,
     per_host: Vec<u32>,
 }
 
@@ -68,6 +79,14 @@ fn def(name: &str) -> u32 {
 
 fn def_gauge(name: &str) -> u32 {
     hostcalls::define_metric(MetricType::Gauge, name).unwrap_or(0)
+}
+
+fn gossip(cfg: &Config, name: &str) -> u32 {
+    if cfg.gossip.is_some() {
+        def(&format!("prefix_router.gossip.{name}"))
+    } else {
+        0
+    }
 }
 
 fn sanitize(s: &str) -> String {
@@ -157,6 +176,12 @@ impl Metrics {
             } else {
                 0
             },
+            gossip_sent: gossip(cfg, "sent"),
+            gossip_send_errors: gossip(cfg, "send_errors"),
+            gossip_dropped: gossip(cfg, "dropped"),
+            gossip_applied: gossip(cfg, "applied"),
+            gossip_unknown_host: gossip(cfg, "unknown_host"),
+            gossip_rejected: gossip(cfg, "rejected"),
             per_host: cfg
                 .hosts
                 .iter()

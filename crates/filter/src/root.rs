@@ -8,6 +8,7 @@ use proxy_wasm::types::{ContextType, LogLevel};
 
 use prefix_router_core::shared_index;
 
+use crate::gossip::Gossiper;
 use crate::host::{self, SharedData};
 use crate::http::Http;
 use crate::metrics::Metrics;
@@ -20,6 +21,10 @@ pub struct Root {
     pub id: u32,
     state: Option<Rc<State>>,
     scraper: Scraper,
+    gossiper: Gossiper,
+    /// The tick period (ms; 0: no tick) and when the next scrape is due.
+    tick_ms: u64,
+    next_scrape_ms: u64,
 }
 
 /// What every request of this VM needs.
@@ -31,6 +36,8 @@ pub struct State {
     /// Each host's recent load as this VM sees it at its decisions
     /// (`cost.hot_window_s`; every VM reads the same shared loads).
     pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
+    /// `gossip.peers`: observations this VM learned and has not sent yet.
+    pub outbox: std::cell::RefCell<prefix_router_core::gossip::Outbox>,
 }
 
 impl State {
@@ -66,6 +73,9 @@ impl Context for Root {
         _trailers: usize,
     ) {
         let Some(st) = self.state.clone() else { return };
+        if self.gossiper.response(token, &st) {
+            return;
+        }
         if let Some(sc) = &st.router.config().scrape {
             self.scraper
                 .response(token, body_size, st.router.config(), sc, &st.metrics);
@@ -136,7 +146,44 @@ impl RootContext for Root {
                         ),
                     }
                 }
-                if let Some(sc) = &cfg.scrape {
+                if let Some(g) = &cfg.gossip {
+                    host::log(
+                        LogLevel::Info,
+                        &format!(
+                            "prefix-router: index gossip to {} peer(s) every {} ms through cluster {:?}, accepting at {:?}: {}",
+                            g.peers.len(),
+                            g.interval_ms,
+                            g.cluster,
+                            g.path,
+                            g.accept
+                        ),
+                    );
+                }
+                // One tick for both periodic jobs: the shorter period.
+                let tick_ms = [
+                    cfg.scrape.as_ref().map(|s| s.interval_ms),
+                    cfg.gossip
+                        .as_ref()
+                        .filter(|g| !g.peers.is_empty())
+                        .map(|g| g.interval_ms),
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(0);
+                if tick_ms > 0 {
+                    if let Err(e) = proxy_wasm::hostcalls::set_tick_period(
+                        std::time::Duration::from_millis(tick_ms),
+                    ) {
+                        host::log(
+                            LogLevel::Error,
+                            &format!("prefix-router: cannot set the tick: {e:?}"),
+                        );
+                        return false;
+                    }
+                }
+                self.tick_ms = tick_ms;
+                if cfg.scrape.is_some() {
                     // A lease identity unique enough per VM: the clock at configure
                     // time mixed with this root's id.
                     let t = proxy_wasm::hostcalls::get_current_time()
@@ -146,21 +193,13 @@ impl RootContext for Root {
                         .unwrap_or(0);
                     self.scraper.owner =
                         prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
-                    if let Err(e) = proxy_wasm::hostcalls::set_tick_period(
-                        std::time::Duration::from_millis(sc.interval_ms),
-                    ) {
-                        host::log(
-                            LogLevel::Error,
-                            &format!("prefix-router: cannot set the scrape tick: {e:?}"),
-                        );
-                        return false;
-                    }
                 }
                 let state = Rc::new(State {
                     router: Router::new(cfg),
                     metrics,
                     memory_reported: std::cell::Cell::new(0),
                     trend: std::cell::RefCell::new(Default::default()),
+                    outbox: std::cell::RefCell::new(Default::default()),
                 });
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.
@@ -182,8 +221,20 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let Some(st) = self.state.clone() else { return };
-        if let Some(sc) = &st.router.config().scrape {
-            self.scraper.tick(st.router.config(), sc, &st.metrics);
+        let Ok(now) = host::now_ms() else {
+            st.metrics.inc(st.metrics.host_errors, 1);
+            return;
+        };
+        let cfg = st.router.config();
+        if let Some(sc) = &cfg.scrape {
+            // Due half a tick early rather than a tick late.
+            if now.saturating_add(self.tick_ms / 2) >= self.next_scrape_ms {
+                self.next_scrape_ms = now.saturating_add(sc.interval_ms);
+                self.scraper.tick(cfg, sc, &st.metrics);
+            }
+        }
+        if let Some(g) = &cfg.gossip {
+            self.gossiper.tick(&st, g, now, self.tick_ms);
         }
     }
 
