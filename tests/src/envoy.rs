@@ -66,6 +66,11 @@ pub struct EnvoyOptions {
     pub ready_timeout: Duration,
     /// Load this .wasm instead of prefix_router.wasm (e.g. the testbed filter).
     pub wasm: Option<PathBuf>,
+    /// Listen on this port (default: a free one).
+    pub listener_port: Option<u16>,
+    /// `ip:port` of the peer Envoys (cluster `prefix_router_peers`, for index gossip);
+    /// empty: the template's.
+    pub peers: Vec<String>,
 }
 
 impl Default for EnvoyOptions {
@@ -77,6 +82,8 @@ impl Default for EnvoyOptions {
             log_level: "info".to_string(),
             ready_timeout: Duration::from_secs(30),
             wasm: None,
+            listener_port: None,
+            peers: Vec::new(),
         }
     }
 }
@@ -86,6 +93,7 @@ const TAG_LISTENER_PORT: &str = "# lab:listener-port";
 const TAG_WASM_PATH: &str = "# lab:wasm-path";
 const TAG_ENDPOINTS: &str = "endpoints";
 const TAG_FILTER: &str = "filter-config";
+const TAG_PEERS: &str = "peers";
 
 /// Everything that differs between the committed config and a rendered one.
 #[derive(Debug, Clone)]
@@ -97,6 +105,8 @@ pub struct RenderParams<'a> {
     pub wasm_path: Option<&'a Path>,
     /// Filter JSON text (only used when the template has a filter-config region).
     pub filter_json: Option<&'a str>,
+    /// `ip:port` of each peer Envoy (the `lab:peers` region, if any; empty: unchanged).
+    pub peers: &'a [String],
 }
 
 fn indent_of(line: &str) -> usize {
@@ -133,6 +143,23 @@ fn region(lines: &[String], tag: &str) -> Option<(usize, usize)> {
     Some((begin, end))
 }
 
+/// `- endpoint:` lines for `eps`, indented like the region's first line.
+fn endpoint_lines(first: &str, eps: &[String]) -> Result<Vec<String>> {
+    let pad = " ".repeat(indent_of(first));
+    let mut out = Vec::new();
+    for ep in eps {
+        let (host, port) = ep
+            .rsplit_once(':')
+            .ok_or_else(|| LabError(format!("endpoint {ep} is not ip:port")))?;
+        out.push(format!("{pad}- endpoint:"));
+        out.push(format!("{pad}    address:"));
+        out.push(format!(
+            "{pad}      socket_address: {{address: {host}, port_value: {port}}}"
+        ));
+    }
+    Ok(out)
+}
+
 /// Renders a committed template with new ports, endpoints, .wasm path and filter JSON.
 pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
     let mut lines: Vec<String> = template.lines().map(str::to_string).collect();
@@ -154,19 +181,12 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
 
     let (eb, ee) = region(&lines, TAG_ENDPOINTS)
         .ok_or_else(|| LabError("template has no lab:endpoints region".to_string()))?;
-    let pad = " ".repeat(indent_of(&lines[eb]));
-    let mut eps = Vec::new();
-    for ep in p.endpoints {
-        let (host, port) = ep
-            .rsplit_once(':')
-            .ok_or_else(|| LabError(format!("endpoint {ep} is not ip:port")))?;
-        eps.push(format!("{pad}- endpoint:"));
-        eps.push(format!("{pad}    address:"));
-        eps.push(format!(
-            "{pad}      socket_address: {{address: {host}, port_value: {port}}}"
-        ));
-    }
+    let eps = endpoint_lines(&lines[eb], p.endpoints)?;
     lines.splice(eb + 1..ee, eps);
+    if let (false, Some((pb, pe))) = (p.peers.is_empty(), region(&lines, TAG_PEERS)) {
+        let eps = endpoint_lines(&lines[pb], p.peers)?;
+        lines.splice(pb + 1..pe, eps);
+    }
 
     if let (Some(json), Some((fb, fe))) = (p.filter_json, region(&lines, TAG_FILTER)) {
         let pad = " ".repeat(indent_of(&lines[fb]));
@@ -289,7 +309,24 @@ impl Envoy {
             EnvoyMode::PrefixRouter => Some(filter_json_text(&template, &opts.filter, backends)?),
             EnvoyMode::RoundRobin => None,
         };
-        let ports = free_ports(2)?;
+        // The listener port may be preset (peers must know it before it starts): the admin
+        // port must then differ from it and from the peers' listeners.
+        let reserved: Vec<u16> = opts
+            .peers
+            .iter()
+            .filter_map(|p| p.rsplit_once(':').and_then(|(_, port)| port.parse().ok()))
+            .chain(opts.listener_port)
+            .collect();
+        let mut ports = free_ports(2)?;
+        for _ in 0..20 {
+            if !reserved.contains(&ports[0]) && !reserved.contains(&ports[1]) {
+                break;
+            }
+            ports = free_ports(2)?;
+        }
+        if let Some(p) = opts.listener_port {
+            ports[1] = p;
+        }
         let endpoints: Vec<String> = backends.iter().map(Backend::address).collect();
         let rendered = render(
             &template,
@@ -299,6 +336,7 @@ impl Envoy {
                 endpoints: &endpoints,
                 wasm_path: wasm.as_deref(),
                 filter_json: filter_json.as_deref(),
+                peers: &opts.peers,
             },
         )?;
         let config_path = dir.join(format!("envoy-{}-{}.yaml", opts.mode.label(), ports[1]));
@@ -456,9 +494,12 @@ mod tests {
                 endpoints: &eps,
                 wasm_path: Some(Path::new("/abs/prefix_router.wasm")),
                 filter_json: Some(json),
+                peers: &["127.0.0.1:32001".to_string()],
             },
         )
         .unwrap_or_default();
+        assert!(out.contains("{address: 127.0.0.1, port_value: 32001}"));
+        assert!(!out.contains("port_value: 10001"));
         assert!(out.contains("port_value: 30001 # lab:admin-port"));
         assert!(out.contains("port_value: 30002 # lab:listener-port"));
         assert!(out.contains("filename: \"/abs/prefix_router.wasm\""));

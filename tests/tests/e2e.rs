@@ -1542,6 +1542,117 @@ fn two_proxies_with_separate_indexes_keep_a_conversation_on_one_replica() {
     );
 }
 
+// 22. Index gossip: two Envoys in front of the same replicas, each sending what its responses
+//     taught it to the other (`gossip`). A conversation's first turn goes through Envoy A, its
+//     second through Envoy B: with gossip B's index already credits the replica A used (and
+//     B routes there); without it B's index knows nothing (as in test 19). A malformed batch
+//     and a GET on the gossip path are refused and counted.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn gossip_lets_a_second_envoy_credit_what_the_first_learned() {
+    use prefix_router_lab::envoy::Envoy;
+    use prefix_router_lab::process::free_ports;
+    let _g = serial();
+    require_artifacts(true);
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-gossip".to_string(),
+        backends: 4,
+        backend: backend_opts(),
+        envoy: None,
+    }));
+    let agent = http::agent(Duration::from_secs(30));
+    let counter = |e: &Envoy, name: &str| -> f64 {
+        prom::sum_matching(&ok(e.prometheus()), &["prefix_router", "gossip", name])
+    };
+    // (second turns routed to the first turn's replica, of them credited by B's index, the
+    // Envoys)
+    let run = |tag: &str, gossip: bool| -> (usize, usize, Envoy, Envoy) {
+        let ports = ok(free_ports(2));
+        let peer = |p: u16| format!("127.0.0.1:{p}");
+        let opts = |me: u16, other: u16| EnvoyOptions {
+            mode: EnvoyMode::PrefixRouter,
+            filter: FilterConfig::Patched(if gossip {
+                json!({"gossip": {"peers": [peer(other)], "cluster": "prefix_router_peers", "interval_ms": 50}})
+            } else {
+                json!({})
+            }),
+            listener_port: Some(me),
+            peers: vec![peer(other)],
+            ..EnvoyOptions::default()
+        };
+        let a = ok(Envoy::start(&lab.backends, &opts(ports[0], ports[1]), lab.dir()));
+        let b = ok(Envoy::start(&lab.backends, &opts(ports[1], ports[0]), lab.dir()));
+        let (mut same, mut credited) = (0, 0);
+        let n = 8;
+        for c in 0..n {
+            let mut history = conversation_start(tag, c);
+            let mut turn = |e: &Envoy, user: &str| {
+                history.push(json!({"role": "user", "content": user}));
+                let mut rec = RequestRecord::default();
+                workload::send_streaming(
+                    &agent,
+                    &e.url("/v1/chat/completions"),
+                    &chat_body("sim-llm", &history, 8),
+                    &[],
+                    &mut rec,
+                );
+                history.push(json!({"role": "assistant", "content": rec.reply.clone()}));
+                assert!(rec.ok(), "{tag} conversation {c}: {rec:?}");
+                rec
+            };
+            let first = turn(&a, "What is this document about?");
+            // A sends its batch within 50 ms; give it time to arrive.
+            std::thread::sleep(Duration::from_millis(300));
+            let second = turn(&b, "And what does line 3 say?");
+            eprintln!(
+                "{tag} {c}: A -> {:?}, B -> {:?} ({:?})",
+                first.backend, second.backend, second.decision
+            );
+            same += usize::from(first.backend == second.backend);
+            credited += usize::from(cached_field(&second).is_some_and(|x| x > 0));
+        }
+        (same, credited, a, b)
+    };
+    let (same, credited, a, b) = run("gossip", true);
+    std::thread::sleep(Duration::from_millis(300));
+    let (sent_a, applied_b, sent_b, applied_a) = (
+        counter(&a, "sent"),
+        counter(&b, "applied"),
+        counter(&b, "sent"),
+        counter(&a, "applied"),
+    );
+    eprintln!(
+        "gossip: {same} of 8 second turns on the first turn's replica, {credited} credited by \
+         B; A sent {sent_a}, B applied {applied_b}; B sent {sent_b}, A applied {applied_a}"
+    );
+    assert_eq!(credited, 8, "B's index should credit every conversation A served");
+    assert_eq!(same, 8, "B should route every second turn to the replica holding it");
+    assert!(sent_a >= 8.0 && applied_b >= 8.0, "A sent {sent_a}, B applied {applied_b}");
+    assert!(sent_b >= 8.0 && applied_a >= 8.0, "B sent {sent_b}, A applied {applied_a}");
+    for e in [&a, &b] {
+        assert_eq!(counter(e, "rejected"), 0.0);
+        assert_eq!(counter(e, "send_errors"), 0.0);
+        assert_eq!(counter(e, "unknown_host"), 0.0);
+    }
+    // Refused: a malformed batch, and a GET.
+    let bad = ok(http::post(
+        &agent,
+        &b.url("/.prefix-router/gossip"),
+        &[("content-type", "application/octet-stream")],
+        "not a batch",
+    ));
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert!(bad.body.contains("magic"), "{}", bad.body);
+    let get = ok(http::get(&agent, &b.url("/.prefix-router/gossip")));
+    assert_eq!(get.status, 405, "{get:?}");
+    assert_eq!(counter(&b, "rejected"), 2.0);
+    drop((a, b));
+    // Without gossip B has seen nothing of A's conversations.
+    let (same_off, credited_off, _a, _b) = run("no-gossip", false);
+    eprintln!("no gossip: {same_off} of 8 on the same replica, {credited_off} credited by B");
+    assert_eq!(credited_off, 0, "without gossip B's index cannot know A's conversations");
+}
+
 // 18. The index forgets what a replica's LRU cache has evicted: with `cost.host_tokens` set
 //     to the replicas' cache size, a conversation's prefix stops being credited once enough
 //     new tokens have gone through its replica; without it (`host_tokens: 0`) the index keeps
