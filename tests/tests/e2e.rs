@@ -1543,13 +1543,16 @@ fn two_proxies_with_separate_indexes_keep_a_conversation_on_one_replica() {
 }
 
 // 22. Index gossip: two Envoys in front of the same replicas, each sending what its responses
-//     taught it to the other (`gossip`). A conversation's first turn goes through Envoy A, its
-//     second through Envoy B: with gossip B's index already credits the replica A used (and
-//     B routes there); without it B's index knows nothing (as in test 19). A malformed batch
-//     and a GET on the gossip path are refused and counted.
+//     taught it to the other (`gossip`). Each conversation's first turn goes through Envoy A
+//     while every replica but one reports a queue of 20 (scraped), so A places it on that one,
+//     usually not the key's ring owner; the queues then clear and the second turn goes through
+//     Envoy B. With gossip B's index credits the replica A used and B follows it there, into
+//     its cache; without gossip B knows nothing (as in test 19) and sends the turn to the ring
+//     owner, where the replica's cache misses. A malformed batch and a GET on the gossip path
+//     are refused and counted.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
-fn gossip_lets_a_second_envoy_credit_what_the_first_learned() {
+fn gossip_lets_a_second_envoy_follow_what_the_first_learned() {
     use prefix_router_lab::envoy::Envoy;
     use prefix_router_lab::process::free_ports;
     let _g = serial();
@@ -1564,27 +1567,64 @@ fn gossip_lets_a_second_envoy_credit_what_the_first_learned() {
     let counter = |e: &Envoy, name: &str| -> f64 {
         prom::sum_matching(&ok(e.prometheus()), &["prefix_router", "gossip", name])
     };
-    // (second turns routed to the first turn's replica, of them credited by B's index, the
-    // Envoys)
-    let run = |tag: &str, gossip: bool| -> (usize, usize, Envoy, Envoy) {
+    let names = lab.replica_names();
+    let spike = |except: &str, n: u64| {
+        for b in &lab.backends {
+            if b.name != except {
+                ok(b.set_extra_waiting(n));
+            }
+        }
+    };
+    struct Run {
+        /// Second turns on the first turn's replica; of them credited by B's index.
+        same: usize,
+        credited: usize,
+        /// Prompt tokens the replicas served from cache for the second turns.
+        cached: u64,
+        a: Envoy,
+        b: Envoy,
+    }
+    let n = 8;
+    let run = |tag: &str, gossip: bool| -> Run {
         let ports = ok(free_ports(2));
         let peer = |p: u16| format!("127.0.0.1:{p}");
-        let opts = |me: u16, other: u16| EnvoyOptions {
-            mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(if gossip {
-                json!({"gossip": {"peers": [peer(other)], "cluster": "prefix_router_peers", "interval_ms": 50}})
-            } else {
-                json!({})
-            }),
-            listener_port: Some(me),
-            peers: vec![peer(other)],
-            ..EnvoyOptions::default()
+        let opts = |me: u16, other: u16| {
+            let mut patch = json!({
+                "scrape": {"cluster": "llm", "interval_ms": 100, "timeout_ms": 100},
+                "load": {"report_ttl_ms": 2000}
+            });
+            if gossip {
+                patch["gossip"] = json!({
+                    "peers": [peer(other)], "cluster": "prefix_router_peers", "interval_ms": 50
+                });
+            }
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(patch),
+                listener_port: Some(me),
+                peers: vec![peer(other)],
+                ..EnvoyOptions::default()
+            }
         };
-        let a = ok(Envoy::start(&lab.backends, &opts(ports[0], ports[1]), lab.dir()));
-        let b = ok(Envoy::start(&lab.backends, &opts(ports[1], ports[0]), lab.dir()));
-        let (mut same, mut credited) = (0, 0);
-        let n = 8;
+        let a = ok(Envoy::start(
+            &lab.backends,
+            &opts(ports[0], ports[1]),
+            lab.dir(),
+        ));
+        let b = ok(Envoy::start(
+            &lab.backends,
+            &opts(ports[1], ports[0]),
+            lab.dir(),
+        ));
+        let mut r = Run {
+            same: 0,
+            credited: 0,
+            cached: 0,
+            a,
+            b,
+        };
         for c in 0..n {
+            let target = &names[c % names.len()];
             let mut history = conversation_start(tag, c);
             let mut turn = |e: &Envoy, user: &str| {
                 history.push(json!({"role": "user", "content": user}));
@@ -1600,36 +1640,64 @@ fn gossip_lets_a_second_envoy_credit_what_the_first_learned() {
                 assert!(rec.ok(), "{tag} conversation {c}: {rec:?}");
                 rec
             };
-            let first = turn(&a, "What is this document about?");
-            // A sends its batch within 50 ms; give it time to arrive.
-            std::thread::sleep(Duration::from_millis(300));
-            let second = turn(&b, "And what does line 3 say?");
-            eprintln!(
-                "{tag} {c}: A -> {:?}, B -> {:?} ({:?})",
-                first.backend, second.backend, second.decision
+            spike(target, 20);
+            std::thread::sleep(Duration::from_millis(400));
+            let first = turn(&r.a, "What is this document about?");
+            assert_eq!(
+                first.backend.as_deref(),
+                Some(target.as_str()),
+                "{tag} {c}: A should avoid the queued replicas: {:?}",
+                first.decision
             );
-            same += usize::from(first.backend == second.backend);
-            credited += usize::from(cached_field(&second).is_some_and(|x| x > 0));
+            spike(target, 0);
+            // The queues clear (scrape) and A's batch reaches B (every 50 ms).
+            std::thread::sleep(Duration::from_millis(400));
+            let second = turn(&r.b, "And what does line 3 say?");
+            eprintln!(
+                "{tag} {c}: A -> {:?}, B -> {:?}, replica cached {:?} of {:?} tokens ({:?})",
+                first.backend,
+                second.backend,
+                second.cached_tokens,
+                second.prompt_tokens,
+                second.decision
+            );
+            r.same += usize::from(first.backend == second.backend);
+            r.credited += usize::from(cached_field(&second).is_some_and(|x| x > 0));
+            r.cached += second.cached_tokens.unwrap_or(0);
         }
-        (same, credited, a, b)
+        r
     };
-    let (same, credited, a, b) = run("gossip", true);
+    let on = run("gossip", true);
     std::thread::sleep(Duration::from_millis(300));
     let (sent_a, applied_b, sent_b, applied_a) = (
-        counter(&a, "sent"),
-        counter(&b, "applied"),
-        counter(&b, "sent"),
-        counter(&a, "applied"),
+        counter(&on.a, "sent"),
+        counter(&on.b, "applied"),
+        counter(&on.b, "sent"),
+        counter(&on.a, "applied"),
     );
     eprintln!(
-        "gossip: {same} of 8 second turns on the first turn's replica, {credited} credited by \
-         B; A sent {sent_a}, B applied {applied_b}; B sent {sent_b}, A applied {applied_a}"
+        "gossip: {} of {n} second turns followed the first turn's replica, {} credited by B, \
+         {} tokens served from cache; A sent {sent_a}, B applied {applied_b}; B sent {sent_b}, \
+         A applied {applied_a}",
+        on.same, on.credited, on.cached
     );
-    assert_eq!(credited, 8, "B's index should credit every conversation A served");
-    assert_eq!(same, 8, "B should route every second turn to the replica holding it");
-    assert!(sent_a >= 8.0 && applied_b >= 8.0, "A sent {sent_a}, B applied {applied_b}");
-    assert!(sent_b >= 8.0 && applied_a >= 8.0, "B sent {sent_b}, A applied {applied_a}");
-    for e in [&a, &b] {
+    assert_eq!(
+        on.credited, n,
+        "B's index should credit every conversation A served"
+    );
+    assert_eq!(
+        on.same, n,
+        "B should follow every conversation to its replica"
+    );
+    assert!(
+        sent_a >= n as f64 && applied_b >= n as f64,
+        "A sent {sent_a}, B applied {applied_b}"
+    );
+    assert!(
+        sent_b >= n as f64 && applied_a >= n as f64,
+        "B sent {sent_b}, A applied {applied_a}"
+    );
+    for e in [&on.a, &on.b] {
         assert_eq!(counter(e, "rejected"), 0.0);
         assert_eq!(counter(e, "send_errors"), 0.0);
         assert_eq!(counter(e, "unknown_host"), 0.0);
@@ -1637,20 +1705,36 @@ fn gossip_lets_a_second_envoy_credit_what_the_first_learned() {
     // Refused: a malformed batch, and a GET.
     let bad = ok(http::post(
         &agent,
-        &b.url("/.prefix-router/gossip"),
+        &on.b.url("/.prefix-router/gossip"),
         &[("content-type", "application/octet-stream")],
         "not a batch",
     ));
     assert_eq!(bad.status, 400, "{bad:?}");
     assert!(bad.body.contains("magic"), "{}", bad.body);
-    let get = ok(http::get(&agent, &b.url("/.prefix-router/gossip")));
+    let get = ok(http::get(&agent, &on.b.url("/.prefix-router/gossip")));
     assert_eq!(get.status, 405, "{get:?}");
-    assert_eq!(counter(&b, "rejected"), 2.0);
-    drop((a, b));
-    // Without gossip B has seen nothing of A's conversations.
-    let (same_off, credited_off, _a, _b) = run("no-gossip", false);
-    eprintln!("no gossip: {same_off} of 8 on the same replica, {credited_off} credited by B");
-    assert_eq!(credited_off, 0, "without gossip B's index cannot know A's conversations");
+    assert_eq!(counter(&on.b, "rejected"), 2.0);
+    drop(on.a);
+    drop(on.b);
+    // Without gossip B has seen nothing of A's conversations and goes to the ring owner.
+    let off = run("no-gossip", false);
+    eprintln!(
+        "no gossip: {} of {n} second turns on the first turn's replica, {} credited by B, {} \
+         tokens served from cache",
+        off.same, off.credited, off.cached
+    );
+    assert_eq!(
+        off.credited, 0,
+        "without gossip B's index cannot know A's conversations"
+    );
+    assert!(
+        off.same < n,
+        "without gossip some second turns should leave their replica (each with odds 3/4)"
+    );
+    assert!(
+        on.cached > off.cached,
+        "gossip should raise the second turns' cache hits"
+    );
 }
 
 // 18. The index forgets what a replica's LRU cache has evicted: with `cost.host_tokens` set
