@@ -21,7 +21,10 @@
 //! ## Multi-proxy
 //! With `proxies = K`, K independent instances of the policy route requests
 //! in turn (request i to instance i mod K); each keeps its own in-flight
-//! counts and learned state, reports and the replicas are shared.
+//! counts and learned state, reports and the replicas are shared. With index
+//! gossip (`prefix-router-cost:gossip_ms=D`) what one proxy learns at a
+//! first token reaches the others D seconds later ([`Policy::gossip_out`],
+//! [`Policy::gossip_in`]).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -127,6 +130,14 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
     let mut deliveries: VecDeque<(f64, Vec<Snapshot>)> = VecDeque::new();
     let reports_on = cfg.report_interval_s > 0.0;
     let mut sample_k: u64 = 0;
+    // Index gossip between proxies: (arrival time, sender, batch); the delay
+    // is the same for every proxy, so arrivals come in order.
+    let gossip_delay = if k > 1 {
+        policies.first().and_then(|p| p.gossip_delay_s())
+    } else {
+        None
+    };
+    let mut gossip: VecDeque<(f64, usize, Vec<u8>)> = VecDeque::new();
 
     // Per-request routing state.
     let mut proxy_of = vec![u32::MAX; wl.len()];
@@ -160,6 +171,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
             .map(|Reverse((b, _))| f64::from_bits(*b))
             .unwrap_or(f64::INFINITY);
         let td = deliveries.front().map(|d| d.0).unwrap_or(f64::INFINITY);
+        let tg = gossip.front().map(|g| g.0).unwrap_or(f64::INFINITY);
         let ts = if reports_on && (alive > 0 || ta.is_finite()) {
             let mut t = sample_k as f64 * cfg.report_interval_s;
             if alive == 0 && t < ta {
@@ -171,7 +183,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         } else {
             f64::INFINITY
         };
-        let t = tr.min(ta).min(td).min(ts);
+        let t = tr.min(ta).min(td).min(ts).min(tg);
         if !t.is_finite() {
             break;
         }
@@ -193,6 +205,11 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                         let p = proxy_of.get(req_id as usize).copied().unwrap_or(0) as usize;
                         if let Some(pol) = policies.get_mut(p) {
                             pol.on_first_token_at(req_id, ri, t);
+                            if let Some(d) = gossip_delay {
+                                if let Some(b) = pol.gossip_out() {
+                                    gossip.push_back((t + d, p, b));
+                                }
+                            }
                         }
                     }
                     Event::Done { req_id, t } => {
@@ -222,6 +239,16 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                                 }
                             }
                         }
+                    }
+                }
+            }
+            continue;
+        }
+        if tg <= t {
+            if let Some((_, from, batch)) = gossip.pop_front() {
+                for (i, pol) in policies.iter_mut().enumerate() {
+                    if i != from {
+                        pol.gossip_in(&batch, t);
                     }
                 }
             }

@@ -414,3 +414,46 @@ fn the_prefill_rate_is_learned_from_first_tokens() {
         None
     );
 }
+
+#[test]
+fn gossip_lets_proxies_credit_what_the_others_learned() {
+    // Closed-loop conversations through 4 proxies (request i to proxy i mod 4): without
+    // gossip each proxy's index sees a quarter of the responses; with it, every
+    // observation reaches every proxy 50 ms later.
+    let wl = small_synthetic(
+        "multi-turn:groups=2,users=60,turns=5,system=1500,question=300,output=50,session_rate=6,think=1",
+    );
+    let c = SimConfig {
+        proxies: 4,
+        ..cfg(4, 16)
+    };
+    let run = |spec: &str| simulate(&wl, &PolicySpec::parse(spec).expect("spec"), &c).expect("run");
+    let alone = run("prefix-router-cost");
+    let shared = run("prefix-router-cost:gossip_ms=50");
+    let credited = |r: &prefix_router_sim::metrics::RunResult| r.credited_tokens.unwrap_or(0);
+    eprintln!(
+        "4 proxies: hit {:.3} / credited {} alone, {:.3} / {} with gossip",
+        alone.hit_rate,
+        credited(&alone),
+        shared.hit_rate,
+        credited(&shared)
+    );
+    assert!(credited(&shared) > credited(&alone) * 11 / 10);
+    assert!(shared.hit_rate > alone.hit_rate + 0.05);
+    // One proxy has no one to gossip with: the option changes nothing.
+    let one = SimConfig { proxies: 1, ..c };
+    let a = simulate(
+        &wl,
+        &PolicySpec::parse("prefix-router-cost").expect("spec"),
+        &one,
+    )
+    .expect("run");
+    let b = simulate(
+        &wl,
+        &PolicySpec::parse("prefix-router-cost:gossip_ms=50").expect("spec"),
+        &one,
+    )
+    .expect("run");
+    assert_eq!((a.hit_rate, credited(&a)), (b.hit_rate, credited(&b)));
+    assert!(PolicySpec::parse("prefix-router-cost:gossip_ms=-1").is_err());
+}

@@ -99,6 +99,19 @@ pub trait Policy: Send {
     fn learned_prefill_tps(&self) -> Option<f64> {
         None
     }
+    /// Index gossip: the delay after which another proxy receives what
+    /// this one hands out (`None`: no gossip).
+    fn gossip_delay_s(&self) -> Option<f64> {
+        None
+    }
+    /// Index gossip: a batch of what this proxy learned since the last
+    /// call (`None`: nothing).
+    fn gossip_out(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+    /// Index gossip: a batch another proxy handed out, arriving at `t`
+    /// (virtual seconds).
+    fn gossip_in(&mut self, _batch: &[u8], _t: f64) {}
 }
 
 /// Which algorithm.

@@ -27,9 +27,13 @@
 //! filter VM does), `learn=1` (`cost.learn_prefill`:
 //! learn the prefill rate from each request's time to first token with
 //! the core's `learn_prefill_rate`, as the filter does from streamed
-//! responses; JSON `learned_prefill_tps`), and the experiment `pending=prompt` (count
-//! whole prompts as pending prefill, not their uncached part). Defaults are
-//! the core's `cost` defaults.
+//! responses; JSON `learned_prefill_tps`), `gossip_ms=D` (index gossip,
+//! the filter's `gossip`: each observation this proxy makes is encoded with
+//! the core's `gossip` codec and reaches every other proxy D ms later, which
+//! records it as its own; the filter sends a batch every `interval_ms`, so
+//! D stands for half that plus the network), and the experiment
+//! `pending=prompt` (count whole prompts as pending prefill, not their
+//! uncached part). Defaults are the core's `cost` defaults.
 //!
 //! With `queue=tokens` the policy tracks, per host, the uncached prompt
 //! tokens (canonical prompt bytes minus the prefix the index credited the
@@ -82,6 +86,8 @@ pub struct Params {
     /// prefill (the filter before it subtracted the credited prefix);
     /// default `uncached`, the filter's rule.
     pub pending_whole_prompt: bool,
+    /// `gossip_ms=D`: share observations with the other proxies, D ms late.
+    pub gossip_ms: Option<f64>,
 }
 
 impl Params {
@@ -104,6 +110,7 @@ impl Params {
             hot_factor: d.hot_factor,
             learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
+            gossip_ms: None,
         };
         let mut rest = Vec::new();
         for (k, v) in opts {
@@ -122,6 +129,15 @@ impl Params {
                 "hot_window_s" => p.hot_window_s = num(k, v)?,
                 "hot_factor" => p.hot_factor = num(k, v)?,
                 "learn" | "learn_prefill" => p.learn_prefill = num(k, v)? != 0.0,
+                "gossip_ms" => {
+                    let d = num(k, v)?;
+                    if !(d.is_finite() && d >= 0.0) {
+                        return Err(SpecError(format!(
+                            "prefix-router-cost: gossip_ms={v}: must be >= 0"
+                        )));
+                    }
+                    p.gossip_ms = Some(d);
+                }
                 "pending" => {
                     p.pending_whole_prompt = match v.as_str() {
                         "uncached" => false,
@@ -196,6 +212,9 @@ pub struct PrefixRouterCost {
     samples: BTreeMap<u64, (u64, u64)>,
     /// Each host's recent load (`cost.hot_window_s`).
     trend: LoadTrend,
+    /// `gossip_ms`: the delay, and observations not yet handed out.
+    gossip_s: Option<f64>,
+    outbox: prefix_router_core::gossip::Outbox,
 }
 
 impl PrefixRouterCost {
@@ -230,6 +249,8 @@ impl PrefixRouterCost {
             learned_tps: p.learn_prefill.then_some(params.prefill_tokens_per_s),
             samples: BTreeMap::new(),
             trend: LoadTrend::new(),
+            gossip_s: p.gossip_ms.map(|d| d / 1000.0),
+            outbox: Default::default(),
         })
     }
 
@@ -351,6 +372,16 @@ impl Policy for PrefixRouterCost {
             // advance the host's capacity clock by what it newly cached.
             self.index.observe(host, &hashes, self.last_ms);
             self.index.take_in(host, tokens, self.last_ms);
+            if self.gossip_s.is_some() {
+                if let Some(h) = self.router.config().hosts.get(host) {
+                    let o = prefix_router_core::gossip::Observation {
+                        host: h.address.clone(),
+                        tokens,
+                        hashes,
+                    };
+                    self.outbox.push(o, usize::MAX);
+                }
+            }
         }
     }
 
@@ -365,6 +396,35 @@ impl Policy for PrefixRouterCost {
 
     fn learned_prefill_tps(&self) -> Option<f64> {
         self.learned_tps
+    }
+
+    fn gossip_delay_s(&self) -> Option<f64> {
+        self.gossip_s
+    }
+
+    fn gossip_out(&mut self) -> Option<Vec<u8>> {
+        if self.outbox.is_empty() {
+            return None;
+        }
+        let fp = prefix_router_core::gossip::fingerprint(&self.router.config().cost.index);
+        Some(prefix_router_core::gossip::encode(fp, &self.outbox.take()))
+    }
+
+    fn gossip_in(&mut self, batch: &[u8], t: f64) {
+        let Ok((fp, obs)) = prefix_router_core::gossip::decode(batch) else {
+            return;
+        };
+        let cfg = self.router.config();
+        if fp != prefix_router_core::gossip::fingerprint(&cfg.cost.index) {
+            return;
+        }
+        self.last_ms = self.last_ms.max((t * 1000.0).max(0.0) as u64);
+        for o in obs {
+            if let Some(h) = cfg.host_index(&o.host) {
+                self.index.observe(h, &o.hashes, self.last_ms);
+                self.index.take_in(h, o.tokens, self.last_ms);
+            }
+        }
     }
 }
 
