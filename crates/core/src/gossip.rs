@@ -348,22 +348,22 @@ mod tests {
     #[test]
     fn fingerprint_follows_the_hashing_settings() {
         let a = IndexConfig::default();
-        assert_eq!(fingerprint(&a), fingerprint(&a.clone()));
+        assert_eq!(fingerprint(&a), fingerprint(&a));
         let b = IndexConfig {
             stride_chunks: a.stride_chunks + 1,
-            ..a.clone()
+            ..a
         };
         let c = IndexConfig {
             chunk_bytes: a.chunk_bytes * 2,
-            ..a.clone()
+            ..a
         };
         let d = IndexConfig {
             dense_boundaries: a.dense_boundaries + 1,
-            ..a.clone()
+            ..a
         };
         let e = IndexConfig {
             host_tokens: a.host_tokens + 1,
-            ..a.clone()
+            ..a
         };
         assert_ne!(fingerprint(&a), fingerprint(&b));
         assert_ne!(fingerprint(&a), fingerprint(&c));
