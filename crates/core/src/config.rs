@@ -1591,6 +1591,14 @@ mod example_files {
             .expect("filter-cost.json has a scrape section");
         assert_eq!(scrape.cluster, "llm");
         assert!(!scrape.restart_metrics.is_empty());
+        let g = cost
+            .gossip
+            .as_ref()
+            .expect("filter-cost.json has a gossip section");
+        assert_eq!(
+            (g.peers.len(), g.cluster.as_str(), g.interval_ms),
+            (2, "prefix_router_peers", 100)
+        );
         assert_eq!(
             scrape.hit_metrics,
             vec![
