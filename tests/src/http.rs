@@ -83,6 +83,16 @@ pub fn get_with(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Res
 }
 
 /// POST `body` with the given extra headers (content-type defaults to application/json).
+/// POST raw bytes as `application/octet-stream`.
+pub fn post_bytes(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<Reply> {
+    finish(
+        agent
+            .post(url)
+            .header("content-type", "application/octet-stream")
+            .send(body)?,
+    )
+}
+
 pub fn post(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)], body: &str) -> Result<Reply> {
     let mut req = agent.post(url);
     if !headers

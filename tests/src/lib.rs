@@ -19,6 +19,7 @@
 
 pub mod backend;
 pub mod envoy;
+pub mod gossip_cost;
 pub mod http;
 pub mod lab;
 pub mod overhead;

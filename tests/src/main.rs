@@ -5,6 +5,7 @@
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
+//! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 //! ```
 //!
 //! The demo's defaults are a document chat under cache pressure: `WorkloadOptions::default()`
@@ -66,6 +67,13 @@ old conversation and the first turn of `new` conversations go through Envoy. Run
 ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
 side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 7 --queue tokens (cost.queue
 of the cost run: tokens or requests).
+
+usage: prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
+
+What receiving index gossip costs an Envoy (tests/src/gossip_cost.rs): one Envoy with
+gossip.accept, batches of random observations POSTed to its gossip path, alternating batches it
+records (204) with same-size batches it refuses for their fingerprint (400); the difference is
+the cost of recording. Defaults: --batches 200 --observations 50 --hashes 40.
 
 environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
 target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
@@ -335,12 +343,34 @@ fn spike(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn gossip_cost(args: &[String]) -> Result<(), String> {
+    let mut opts = prefix_router_lab::gossip_cost::GossipCostOptions::default();
+    for (flag, v) in flag_values(args)? {
+        let bad = || format!("bad value for {flag}: {v}");
+        match flag {
+            "--batches" => opts.batches = v.parse().map_err(|_| bad())?,
+            "--observations" => opts.observations = v.parse().map_err(|_| bad())?,
+            "--hashes" => opts.hashes = v.parse().map_err(|_| bad())?,
+            other => return Err(format!("unknown option {other}")),
+        }
+    }
+    if opts.batches == 0 || opts.observations == 0 {
+        return Err("--batches and --observations must be at least 1".to_string());
+    }
+    println!(
+        "{}",
+        prefix_router_lab::gossip_cost::run(&opts).map_err(|e| e.to_string())?
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
         Some("overhead") => overhead(&args[1..]),
         Some("spike") => spike(&args[1..]),
+        Some("gossip-cost") => gossip_cost(&args[1..]),
         Some("-h" | "--help" | "help") => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;
