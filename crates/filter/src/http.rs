@@ -573,12 +573,9 @@ impl Http {
         }
     }
 
-    /// Cost rule with `cost.host_tokens`: the tokens this response added to
-    /// the serving host's cache (the prompt minus what the index credited it
-    /// with) advance its capacity clock; when that pushes older entries out
-    /// of its cache, raise its forget cutoff.
     /// The prompt tokens host `idx` took into its cache for this request:
-    /// the prompt minus the prefix the index credited it with.
+    /// the prompt minus the prefix the index credited it with (they advance
+    /// its capacity clock, [`crate::gossip::advance_capacity`]).
     fn uncached_tokens(&self, idx: usize) -> u64 {
         let cfg = self.st.router.config();
         let bytes = self.prompt_bytes.saturating_sub(self.credited_at(idx));
@@ -623,13 +620,13 @@ impl HttpContext for Http {
         let path = self.header(":path").unwrap_or_default();
         if let Some(g) = cfg.gossip.as_ref().filter(|g| g.accept) {
             if path.split('?').next() == Some(g.path.as_str()) {
-                self.gossip_rx = true;
                 if method != "POST" {
                     return self.reject_gossip(405, "gossip: only POST is accepted");
                 }
                 if end_of_stream {
                     return self.reject_gossip(400, "gossip: empty batch");
                 }
+                self.gossip_rx = true;
                 return Action::Pause;
             }
         }
