@@ -21,6 +21,11 @@
 //! actually served (2xx only) and releases the pending tokens (also
 //! released at log / done if no response headers came, exactly once).
 //! A host that passive health ejects has its index entries forgotten.
+//!
+//! With `gossip.accept`, a POST to `gossip.path` is not routed: its body is
+//! buffered, recorded in the index ([`crate::gossip::apply`]) and answered
+//! here (204, or 400/405/413 with the reason); with `gossip.peers`, step 3
+//! also queues what it recorded for the peers ([`crate::gossip`]).
 
 use std::rc::Rc;
 
