@@ -1714,8 +1714,26 @@ fn gossip_lets_a_second_envoy_follow_what_the_first_learned() {
     let get = ok(http::get(&agent, &on.b.url("/.prefix-router/gossip")));
     assert_eq!(get.status, 405, "{get:?}");
     assert_eq!(counter(&on.b, "rejected"), 2.0);
-    drop(on.a);
+    // A peer that is gone costs A's requests nothing; the failed sends are counted.
     drop(on.b);
+    for c in 0..3 {
+        let mut h = conversation_start("peer-gone", c);
+        h.push(json!({"role": "user", "content": "Still there?"}));
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(
+            &agent,
+            &on.a.url("/v1/chat/completions"),
+            &chat_body("sim-llm", &h, 8),
+            &[],
+            &mut rec,
+        );
+        assert!(rec.ok(), "with the peer gone: {rec:?}");
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let errors = counter(&on.a, "send_errors");
+    eprintln!("peer gone: 3 of 3 requests ok, A counted {errors} failed sends");
+    assert!(errors >= 1.0, "A's sends to a dead peer should be counted");
+    drop(on.a);
     // Without gossip B has seen nothing of A's conversations and goes to the ring owner.
     let off = run("no-gossip", false);
     eprintln!(
