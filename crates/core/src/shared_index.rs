@@ -386,15 +386,26 @@ impl SharedIndexConfig {
         hashes: &[u64],
         now_ms: u64,
     ) -> (Observed, Option<StoreError>) {
+        self.observe_many(store, &[(host, hashes)], now_ms)
+    }
+
+    /// [`SharedIndexConfig::observe`] for several responses at once (a
+    /// received gossip batch): the forget cutoffs are read once and every
+    /// touched bucket is rewritten once, with all the batch's entries for
+    /// it, instead of once per response. The result is the same as
+    /// observing them one by one at `now_ms` unless a bucket overflows:
+    /// then it keeps the newest `bucket_entries` of its own and all the
+    /// batch's entries together, where one by one each observation's
+    /// would have been trimmed in turn. An observation whose host index
+    /// does not fit the index (over 65,535) is skipped and reported as the
+    /// error; the others are written.
+    pub fn observe_many<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        observations: &[(usize, &[u64])],
+        now_ms: u64,
+    ) -> (Observed, Option<StoreError>) {
         let mut out = Observed::default();
-        let Ok(h) = u16::try_from(host) else {
-            return (
-                out,
-                Some(StoreError::Other(format!(
-                    "host index {host} does not fit the shared index"
-                ))),
-            );
-        };
         let mut first_err = None;
         let cutoffs = match read_cutoffs(store) {
             Ok(c) => c,
@@ -403,18 +414,29 @@ impl SharedIndexConfig {
                 Vec::new()
             }
         };
-        let k = hashes.len();
-        // Rank: the deepest boundary gets rank 0 (oldest).
-        let mut by_bucket: BTreeMap<u32, Vec<(u64, u64)>> = BTreeMap::new();
-        for (j, &p) in hashes.iter().enumerate() {
-            by_bucket
-                .entry(self.bucket(p))
-                .or_default()
-                .push((p, stamp(now_ms, k - 1 - j)));
+        // bucket -> (hash, host, stamp); the deepest boundary of each
+        // observation gets rank 0 (oldest).
+        let mut by_bucket: BTreeMap<u32, Vec<(u64, u16, u64)>> = BTreeMap::new();
+        for &(host, hashes) in observations {
+            let Ok(h) = u16::try_from(host) else {
+                if first_err.is_none() {
+                    first_err = Some(StoreError::Other(format!(
+                        "host index {host} does not fit the shared index"
+                    )));
+                }
+                continue;
+            };
+            let k = hashes.len();
+            for (j, &p) in hashes.iter().enumerate() {
+                by_bucket
+                    .entry(self.bucket(p))
+                    .or_default()
+                    .push((p, h, stamp(now_ms, k - 1 - j)));
+            }
         }
         let cap = self.bucket_entries.max(1) as usize;
         for (b, items) in by_bucket {
-            match self.update_bucket(store, b, h, &items, cap, &cutoffs) {
+            match self.update_bucket(store, b, &items, cap, &cutoffs) {
                 Ok(delta) => {
                     out.entries += items.len() as u64;
                     out.bytes_delta += delta;
@@ -434,8 +456,7 @@ impl SharedIndexConfig {
         &self,
         store: &S,
         bucket: u32,
-        host: u16,
-        items: &[(u64, u64)],
+        items: &[(u64, u16, u64)],
         cap: usize,
         cutoffs: &[u64],
     ) -> Result<i64, StoreError> {
@@ -443,7 +464,7 @@ impl SharedIndexConfig {
             let before = v.map_or(0, <[u8]>::len);
             let mut entries = decode(v.unwrap_or(&[]));
             entries.retain(|e| !Self::forgotten(e, cutoffs));
-            for &(p, s) in items {
+            for &(p, host, s) in items {
                 match entries.iter_mut().find(|e| e.hash == p && e.host == host) {
                     Some(e) => e.stamp = e.stamp.max(s),
                     None => entries.push(Entry {
@@ -735,6 +756,64 @@ mod tests {
         assert_eq!(v.lookup(&chain, &[2, 1], 100), vec![6000, 3000]);
         assert_eq!(v.errors().0, 0);
         assert_eq!(c.footprint_bytes(), 4096 * 8 * 18);
+    }
+
+    #[test]
+    fn observing_a_batch_equals_observing_one_by_one() {
+        // Buckets large enough never to overflow: the same bytes either way.
+        let c = cfg(16, 64);
+        let chains: Vec<(usize, Vec<u64>)> = (0..12u64)
+            .map(|i| {
+                let shared = (i % 3) * 1_000; // some prompts share a head
+                let hashes = (0..(3 + i % 5)).map(|j| shared + j * 7 + i * 100).collect();
+                ((i % 4) as usize, hashes)
+            })
+            .collect();
+        let one = MemStore::default();
+        let many = MemStore::default();
+        // Something older in the store, and a forgotten host.
+        for st in [&one, &many] {
+            obs(&c, st, 1, &[5, 6, 7], 10).unwrap();
+            obs(&c, st, 3, &[8, 9], 10).unwrap();
+            forget_hosts(st, &[3], 20).unwrap();
+        }
+        let mut total = Observed::default();
+        for (h, hs) in &chains {
+            let (o, e) = c.observe(&one, *h, hs, 30);
+            assert!(e.is_none());
+            total.entries += o.entries;
+            total.bytes_delta += o.bytes_delta;
+        }
+        let batch: Vec<(usize, &[u64])> = chains.iter().map(|(h, v)| (*h, v.as_slice())).collect();
+        let (o, e) = c.observe_many(&many, &batch, 30);
+        assert!(e.is_none());
+        assert_eq!(o, total);
+        for b in 0..16 {
+            let k = bucket_key(b);
+            assert_eq!(
+                one.get(&k).unwrap().0,
+                many.get(&k).unwrap().0,
+                "bucket {b}"
+            );
+        }
+        // A host index that does not fit is reported; the rest is written.
+        let s = MemStore::default();
+        let big: &[u64] = &[1, 2];
+        let (o, e) = c.observe_many(&s, &[(70_000, big), (2, &[3, 4, 5])], 40);
+        assert!(matches!(e, Some(StoreError::Other(m)) if m.contains("70000")));
+        assert_eq!(o.entries, 3);
+        assert_eq!(c.lookup(&s, &[3, 4, 5], &[2], 40).0, vec![3000]);
+        // A full bucket keeps the batch's newest entries (shallowest first).
+        let tight = cfg(1, 4);
+        let s = MemStore::default();
+        tight.observe_many(&s, &[(0, &[1, 2, 3]), (1, &[1, 2, 3])], 50);
+        let (v, _) = s.get(&bucket_key(0)).unwrap();
+        let mut kept: Vec<(u64, u16)> = decode(&v.unwrap())
+            .iter()
+            .map(|e| (e.hash, e.host))
+            .collect();
+        kept.sort();
+        assert_eq!(kept, vec![(1, 0), (1, 1), (2, 0), (2, 1)]);
     }
 
     #[test]

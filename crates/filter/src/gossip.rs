@@ -12,7 +12,7 @@
 //!   the filter itself ([`apply`]; 204, or 400 with the reason) and never
 //!   forwarded.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use prefix_router_core::config::GossipConfig;
@@ -135,12 +135,21 @@ pub fn apply(st: &State, g: &GossipConfig, body: &[u8], now: u64) -> Result<Appl
     }
     let cfg = st.router.config();
     let mut out = Applied::default();
+    // One write per touched bucket for the whole batch, one capacity-clock
+    // update per host (its tokens summed): see `observe_many`.
+    let mut known: Vec<(usize, &[u64])> = Vec::with_capacity(obs.len());
+    let mut tokens: BTreeMap<usize, u64> = BTreeMap::new();
     for o in &obs {
         let Some(idx) = cfg.host_index(&o.host) else {
             out.unknown_host += 1;
             continue;
         };
-        let (done, err) = cfg.cost.shared.observe(&SharedData, idx, &o.hashes, now);
+        known.push((idx, o.hashes.as_slice()));
+        let t = tokens.entry(idx).or_default();
+        *t = t.saturating_add(o.tokens);
+    }
+    if !known.is_empty() {
+        let (done, err) = cfg.cost.shared.observe_many(&SharedData, &known, now);
         st.metrics.inc(st.metrics.index_observed, done.entries);
         st.metrics.add(st.metrics.index_used, done.bytes_delta);
         if let Some(e) = err {
@@ -150,9 +159,11 @@ pub fn apply(st: &State, g: &GossipConfig, body: &[u8], now: u64) -> Result<Appl
                 &format!("prefix-router: applying gossip to the shared index: {e:?}"),
             );
         }
-        advance_capacity(st, idx, o.tokens, now);
-        out.applied += 1;
     }
+    for (idx, t) in tokens {
+        advance_capacity(st, idx, t, now);
+    }
+    out.applied = known.len() as u64;
     Ok(out)
 }
 
