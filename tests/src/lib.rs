@@ -15,6 +15,8 @@
 //!   else `<target>/debug/prefix-router-backend` (`./build.sh native` builds the first).
 //! * filter: `$PREFIX_ROUTER_WASM`, else `<target>/wasm32-wasip1/release/prefix_router.wasm`
 //!   (`./build.sh wasm`).
+//! * sglang-router (only for the demo's `--sglang` columns): `$SGLANG_ROUTER_PYTHON`, else
+//!   `<repo>/.venv-peers/bin/python` (`./build.sh peers`).
 //! * Envoy config templates: `<repo>/envoy/envoy.yaml` and `<repo>/envoy/envoy-round-robin.yaml`.
 
 pub mod backend;
@@ -24,6 +26,7 @@ pub mod http;
 pub mod lab;
 pub mod overhead;
 pub mod paths;
+pub mod peer;
 pub mod process;
 pub mod prom;
 pub mod report;

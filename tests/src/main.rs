@@ -51,6 +51,9 @@ options:
   --also JSON         also run the filter with this patch (instead of --filter-patch) and add it
                       as a third column, e.g. '{\"cost\": {\"mode\": \"on\"}}': side by side in
                       one run
+  --sglang P[,P..]    also run SGLang's model gateway (sglang-router 0.3.2 from PyPI; install it
+                      with `./build.sh peers`) with policy P in front of fresh backends, a column
+                      each: cache_aware, round_robin, power_of_two or random
 
 usage: prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
 
@@ -86,6 +89,8 @@ struct DemoArgs {
     filter: FilterConfig,
     /// `--also`: a second filter configuration, run as a third column.
     also: Option<FilterConfig>,
+    /// `--sglang`: sglang-router policies, a column each.
+    sglang: Vec<String>,
 }
 
 /// `LO,HI` with `LO <= HI`.
@@ -106,6 +111,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
         },
         filter: FilterConfig::Default,
         also: None,
+        sglang: Vec::new(),
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -171,6 +177,18 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                 let patch: serde_json::Value =
                     serde_json::from_str(&v).map_err(|e| format!("--also: {e}"))?;
                 d.also = Some(FilterConfig::Patched(patch));
+            }
+            "--sglang" => {
+                let v = value()?;
+                for p in v.split(',').map(str::trim) {
+                    if !prefix_router_lab::peer::SGLANG_POLICIES.contains(&p) {
+                        return Err(format!(
+                            "--sglang: unknown policy {p:?} (expected {})",
+                            prefix_router_lab::peer::SGLANG_POLICIES.join(", ")
+                        ));
+                    }
+                    d.sglang.push(p.to_string());
+                }
             }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown option {other}")),
@@ -258,12 +276,55 @@ fn demo(args: &[String]) -> Result<(), String> {
         &args,
         &workload,
     )?;
+    let mut peers = Vec::new();
+    for policy in &args.sglang {
+        peers.push(run_sglang(policy, &args, &workload)?);
+    }
     println!();
     let mut reports = vec![&with_filter];
     reports.extend(also.as_ref());
     reports.push(&round_robin);
+    reports.extend(peers.iter());
     println!("{}", side_by_side(&reports));
     Ok(())
+}
+
+/// The workload through sglang-router with `policy`, in front of 4 fresh backends.
+fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
+    let label = format!("sglang-router {policy}");
+    println!(
+        "== {label}: starting 4 backends (KV cache {} tokens each) + sglang-router",
+        args.backend.cache_tokens
+    );
+    let mut lab = Lab::start(&LabOptions {
+        label: format!("demo-sglang-{}", policy.replace('_', "-")),
+        backends: 4,
+        backend: args.backend.clone(),
+        envoy: None,
+    })
+    .map_err(|e| e.to_string())?;
+    let workers: Vec<String> = lab.backends.iter().map(|b| b.address()).collect();
+    let mut router = prefix_router_lab::peer::SglangRouter::start(policy, &workers, lab.dir())
+        .map_err(|e| e.to_string())?;
+    println!(
+        "   sglang-router {}; running {} conversations x {} turns, {} at once",
+        router.url(""),
+        workload.opts.conversations,
+        workload.opts.turns,
+        workload.opts.concurrency
+    );
+    let (_run, report) = lab
+        .run_workload_at(workload, &label, &router.url(""))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "   done: {}/{} ok in {:.1} s",
+        report.ok,
+        report.requests,
+        report.wall.as_secs_f64()
+    );
+    router.stop();
+    lab.stop();
+    Ok(report)
 }
 
 /// `--flag value` pairs (every flag of `overhead` and `spike` takes a value).

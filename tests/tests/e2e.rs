@@ -2028,3 +2028,59 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
     );
     assert_eq!((header_off, counter_off), (0, 0.0));
 }
+
+#[test]
+#[ignore = "end-to-end: needs sglang-router (./build.sh peers) and the backend (./build.sh test runs it)"]
+fn sglang_router_runs_the_demo_workload_for_a_side_by_side_column() {
+    let _g = serial();
+    // The harness behind `prefix-router-lab demo --sglang`: the real SGLang model gateway
+    // (sglang-router 0.3.2 from PyPI) in front of 4 backend simulators, driven by the demo's
+    // workload and measured by the same report as the filter's column.
+    ok(paths::backend_bin());
+    ok(prefix_router_lab::peer::sglang_python());
+    let workload = Workload::generate(WorkloadOptions {
+        conversations: 12,
+        turns: 3,
+        ..WorkloadOptions::default()
+    });
+    let total = workload.total_requests();
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-sglang".to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
+            ..backend_opts()
+        },
+        envoy: None,
+    }));
+    let workers: Vec<String> = lab.backends.iter().map(|b| b.address()).collect();
+    let mut router = ok(prefix_router_lab::peer::SglangRouter::start(
+        "cache_aware",
+        &workers,
+        lab.dir(),
+    ));
+    let (_, rep) = ok(lab.run_workload_at(&workload, "sglang-router cache_aware", &router.url("")));
+    router.stop();
+    eprintln!("{}", side_by_side(&[&rep]));
+    assert_eq!(
+        rep.ok, total,
+        "every request answered through sglang-router"
+    );
+    // Every answer named the replica that served it (x-backend-name passes through), and the
+    // backends' counters moved: the column measures what the filter's column measures.
+    assert_eq!(rep.per_replica.values().sum::<usize>(), total);
+    assert!(rep.per_replica.len() >= 2, "{:?}", rep.per_replica);
+    let hit = rep.hit_rate.expect("backend prefix-cache counters");
+    // Its cache-aware policy keeps a conversation's turns together (its radix tree matches
+    // the previous turn's text), so follow-up turns hit: 2 of 3 turns can.
+    assert!(
+        rep.majority_share >= 0.9,
+        "stickiness {}",
+        rep.majority_share
+    );
+    assert!(hit > 0.3, "hit rate {hit}");
+    // An unknown policy is refused before anything starts.
+    let e = prefix_router_lab::peer::SglangRouter::start("manual", &workers, lab.dir())
+        .expect_err("manual is not offered");
+    assert!(e.to_string().contains("cache_aware"), "{e}");
+}
