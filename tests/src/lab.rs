@@ -140,7 +140,7 @@ impl Lab {
     /// deltas over the run; if a backend lacks the counters the hit rate is left out).
     pub fn run_workload(&self, workload: &Workload, label: &str) -> Result<(RunResult, Report)> {
         let envoy = self.envoy()?;
-        let (run, mut report) = self.run_workload_at(workload, label, &envoy.url(""))?;
+        let (run, mut report) = self.run_workload_at(workload, label, &[envoy.url("")])?;
         // Why the cost rule's index dropped entries during the run (empty without it).
         if let Ok(samples) = envoy.prometheus() {
             report.forgets = ["capacity", "restart", "flushed", "ejected", "hosts_changed"]
@@ -161,17 +161,18 @@ impl Lab {
         Ok((run, report))
     }
 
-    /// Runs `workload` against `base_url` (any router in front of these backends, e.g. a
-    /// [`crate::peer::SglangRouter`]) and builds the report, as [`Lab::run_workload`] does
+    /// Runs `workload` against `base_urls` (any routers in front of these backends: Envoys, a
+    /// [`crate::peer::SglangRouter`]; with several, a conversation's turns alternate between
+    /// them, [`workload::run_spread`]) and builds the report, as [`Lab::run_workload`] does
     /// minus the filter's own metrics.
     pub fn run_workload_at(
         &self,
         workload: &Workload,
         label: &str,
-        base_url: &str,
+        base_urls: &[String],
     ) -> Result<(RunResult, Report)> {
         let before = self.cache_counters();
-        let run = workload::run(workload, base_url);
+        let run = workload::run_spread(workload, base_urls);
         let after = self.cache_counters();
         let cache = match (before, after) {
             (Ok(b), Ok(a)) => Some(a.delta(b)),

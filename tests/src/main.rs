@@ -51,6 +51,10 @@ options:
   --also JSON         also run the filter with this patch (instead of --filter-patch) and add it
                       as a third column, e.g. '{\"cost\": {\"mode\": \"on\"}}': side by side in
                       one run
+  --proxies N         run every column with N proxies (Envoys, sglang-routers) in front of the
+                      same backends, a conversation's turns alternating between them (default 1)
+  --gossip            with --proxies N > 1: the filter's Envoys gossip their indexes (`gossip`
+                      with every other Envoy as a peer, interval 100 ms)
   --sglang P[,P..]    also run SGLang's model gateway (sglang-router 0.3.2 from PyPI; install it
                       with `./build.sh peers`) with policy P in front of fresh backends, a column
                       each: cache_aware, round_robin, power_of_two or random
@@ -91,6 +95,10 @@ struct DemoArgs {
     also: Option<FilterConfig>,
     /// `--sglang`: sglang-router policies, a column each.
     sglang: Vec<String>,
+    /// `--proxies`: proxies per column.
+    proxies: usize,
+    /// `--gossip`: the filter's Envoys gossip.
+    gossip: bool,
 }
 
 /// `LO,HI` with `LO <= HI`.
@@ -112,6 +120,8 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
         filter: FilterConfig::Default,
         also: None,
         sglang: Vec::new(),
+        proxies: 1,
+        gossip: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -178,6 +188,14 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                     serde_json::from_str(&v).map_err(|e| format!("--also: {e}"))?;
                 d.also = Some(FilterConfig::Patched(patch));
             }
+            "--proxies" => {
+                let v = value()?;
+                d.proxies = v.parse().map_err(|_| bad(&v))?;
+                if !(1..=8).contains(&d.proxies) {
+                    return Err(format!("--proxies must be 1..=8, not {v}"));
+                }
+            }
+            "--gossip" => d.gossip = true,
             "--sglang" => {
                 let v = value()?;
                 for p in v.split(',').map(str::trim) {
@@ -204,9 +222,11 @@ fn run_one(
     args: &DemoArgs,
     workload: &Workload,
 ) -> Result<Report, String> {
+    let n = args.proxies.max(1);
     println!(
-        "== {label}: starting 4 backends (KV cache {} tokens each) + Envoy ({})",
+        "== {label}: starting 4 backends (KV cache {} tokens each) + {n} Envoy{} ({})",
         args.backend.cache_tokens,
+        if n == 1 { "" } else { "s" },
         mode.template_path().display()
     );
     let mut lab = Lab::start(&LabOptions {
@@ -219,26 +239,43 @@ fn run_one(
         ),
         backends: 4,
         backend: args.backend.clone(),
-        envoy: Some(EnvoyOptions {
+        envoy: (n == 1).then(|| EnvoyOptions {
             mode,
             filter: filter.clone(),
             ..EnvoyOptions::default()
         }),
     })
     .map_err(|e| e.to_string())?;
-    if let Ok(e) = lab.envoy() {
+    let report = if n == 1 {
+        if let Ok(e) = lab.envoy() {
+            println!(
+                "   Envoy listener {} admin {}; running {} conversations x {} turns, {} at once",
+                e.url(""),
+                e.admin_url(""),
+                workload.opts.conversations,
+                workload.opts.turns,
+                workload.opts.concurrency
+            );
+        }
+        lab.run_workload(workload, label)
+            .map_err(|e| e.to_string())?
+            .1
+    } else {
+        let envoys = start_envoys(&lab, mode, filter, n, args.gossip)?;
+        let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
         println!(
-            "   Envoy listener {} admin {}; running {} conversations x {} turns, {} at once",
-            e.url(""),
-            e.admin_url(""),
+            "   Envoys {}; running {} conversations x {} turns, {} at once, turns alternating",
+            urls.join(" "),
             workload.opts.conversations,
             workload.opts.turns,
             workload.opts.concurrency
         );
-    }
-    let (_run, report) = lab
-        .run_workload(workload, label)
-        .map_err(|e| e.to_string())?;
+        let (_run, report) = lab
+            .run_workload_at(workload, label, &urls)
+            .map_err(|e| e.to_string())?;
+        drop(envoys);
+        report
+    };
     println!(
         "   done: {}/{} ok in {:.1} s",
         report.ok,
@@ -247,6 +284,57 @@ fn run_one(
     );
     lab.stop();
     Ok(report)
+}
+
+/// `n` Envoys in front of the lab's backends, each with `filter`; with `gossip` (and the
+/// filter) each gossips its index to all the others.
+fn start_envoys(
+    lab: &Lab,
+    mode: EnvoyMode,
+    filter: &FilterConfig,
+    n: usize,
+    gossip: bool,
+) -> Result<Vec<prefix_router_lab::Envoy>, String> {
+    let ports = prefix_router_lab::process::free_ports(n).map_err(|e| e.to_string())?;
+    let peer = |p: &u16| format!("127.0.0.1:{p}");
+    let mut envoys = Vec::with_capacity(n);
+    for (i, port) in ports.iter().enumerate() {
+        let peers: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != i)
+            .map(|(_, p)| peer(p))
+            .collect();
+        let filter = if gossip && mode == EnvoyMode::PrefixRouter {
+            let mut patch = match filter {
+                FilterConfig::Patched(v) => v.clone(),
+                _ => serde_json::json!({}),
+            };
+            if let Some(obj) = patch.as_object_mut() {
+                obj.insert(
+                    "gossip".to_string(),
+                    serde_json::json!({
+                        "peers": peers, "cluster": "prefix_router_peers", "interval_ms": 100
+                    }),
+                );
+            }
+            FilterConfig::Patched(patch)
+        } else {
+            filter.clone()
+        };
+        let opts = EnvoyOptions {
+            mode,
+            filter,
+            listener_port: Some(*port),
+            peers: peers.clone(),
+            ..EnvoyOptions::default()
+        };
+        envoys.push(
+            prefix_router_lab::Envoy::start(&lab.backends, &opts, lab.dir())
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(envoys)
 }
 
 fn demo(args: &[String]) -> Result<(), String> {
@@ -293,8 +381,10 @@ fn demo(args: &[String]) -> Result<(), String> {
 fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
     let label = format!("sglang-router {policy}");
     println!(
-        "== {label}: starting 4 backends (KV cache {} tokens each) + sglang-router",
-        args.backend.cache_tokens
+        "== {label}: starting 4 backends (KV cache {} tokens each) + {} sglang-router{}",
+        args.backend.cache_tokens,
+        args.proxies.max(1),
+        if args.proxies > 1 { "s" } else { "" }
     );
     let mut lab = Lab::start(&LabOptions {
         label: format!("demo-sglang-{}", policy.replace('_', "-")),
@@ -304,17 +394,23 @@ fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Repo
     })
     .map_err(|e| e.to_string())?;
     let workers: Vec<String> = lab.backends.iter().map(|b| b.address()).collect();
-    let mut router = prefix_router_lab::peer::SglangRouter::start(policy, &workers, lab.dir())
-        .map_err(|e| e.to_string())?;
+    let mut routers = Vec::with_capacity(args.proxies.max(1));
+    for _ in 0..args.proxies.max(1) {
+        routers.push(
+            prefix_router_lab::peer::SglangRouter::start(policy, &workers, lab.dir())
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let urls: Vec<String> = routers.iter().map(|r| r.url("")).collect();
     println!(
         "   sglang-router {}; running {} conversations x {} turns, {} at once",
-        router.url(""),
+        urls.join(" "),
         workload.opts.conversations,
         workload.opts.turns,
         workload.opts.concurrency
     );
     let (_run, report) = lab
-        .run_workload_at(workload, &label, &router.url(""))
+        .run_workload_at(workload, &label, &urls)
         .map_err(|e| e.to_string())?;
     println!(
         "   done: {}/{} ok in {:.1} s",
@@ -322,7 +418,9 @@ fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Repo
         report.requests,
         report.wall.as_secs_f64()
     );
-    router.stop();
+    for r in &mut routers {
+        r.stop();
+    }
     lab.stop();
     Ok(report)
 }

@@ -600,9 +600,11 @@ pub fn send_streaming(
 }
 
 /// Runs one conversation to the end; returns its records.
+/// Runs one conversation; turn `t` goes to `urls[(conversation id + t) % urls.len()]`, so
+/// with several proxies a conversation's consecutive turns alternate between them.
 fn run_conversation(
     agent: &ureq::Agent,
-    url: &str,
+    urls: &[String],
     opts: &WorkloadOptions,
     conv: &Conversation,
 ) -> Vec<RequestRecord> {
@@ -619,6 +621,11 @@ fn run_conversation(
             turn,
             ..RequestRecord::default()
         };
+        let Some(url) = urls.get((conv.id + turn) % urls.len().max(1)) else {
+            rec.error = Some("no proxy to send to".to_string());
+            out.push(rec);
+            continue;
+        };
         send_streaming(agent, url, &body, &[], &mut rec);
         // Even a failed turn appends an assistant message so the conversation keeps its shape.
         let reply = if rec.reply.is_empty() {
@@ -634,7 +641,17 @@ fn run_conversation(
 
 /// Runs the workload against `base_url` (e.g. `http://127.0.0.1:10000`).
 pub fn run(workload: &Workload, base_url: &str) -> RunResult {
-    let url = format!("{base_url}{}", workload.opts.path);
+    run_spread(workload, &[base_url.to_string()])
+}
+
+/// Runs the workload against several proxies in front of the same backends (base URLs): a
+/// conversation's consecutive turns alternate between them (turn `t` of conversation `c` goes
+/// to `base_urls[(c + t) % n]`), as when clients are spread over proxies without stickiness.
+pub fn run_spread(workload: &Workload, base_urls: &[String]) -> RunResult {
+    let urls: Vec<String> = base_urls
+        .iter()
+        .map(|b| format!("{b}{}", workload.opts.path))
+        .collect();
     let next = AtomicUsize::new(0);
     let records = Mutex::new(Vec::with_capacity(workload.total_requests()));
     let start = Instant::now();
@@ -651,7 +668,7 @@ pub fn run(workload: &Workload, base_url: &str) -> RunResult {
                     let Some(conv) = workload.conversations.get(i) else {
                         break;
                     };
-                    let recs = run_conversation(&agent, &url, &workload.opts, conv);
+                    let recs = run_conversation(&agent, &urls, &workload.opts, conv);
                     records
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())

@@ -2059,7 +2059,8 @@ fn sglang_router_runs_the_demo_workload_for_a_side_by_side_column() {
         &workers,
         lab.dir(),
     ));
-    let (_, rep) = ok(lab.run_workload_at(&workload, "sglang-router cache_aware", &router.url("")));
+    let (_, rep) =
+        ok(lab.run_workload_at(&workload, "sglang-router cache_aware", &[router.url("")]));
     router.stop();
     eprintln!("{}", side_by_side(&[&rep]));
     assert_eq!(
