@@ -185,6 +185,59 @@ impl Lab {
         Ok((run, report))
     }
 
+    /// `n` more Envoys in front of the backends (not the lab's own [`Lab::envoy`]; dropping
+    /// them stops them), each on its own listener port with the others as its peers (cluster
+    /// `prefix_router_peers`) and `filter`; with `gossip` and the filter, `filter` (unless
+    /// raw text) is patched with a `gossip` section naming every other Envoy (interval 100 ms).
+    pub fn start_envoys(
+        &self,
+        n: usize,
+        mode: crate::EnvoyMode,
+        filter: &crate::FilterConfig,
+        gossip: bool,
+    ) -> Result<Vec<Envoy>> {
+        let ports = crate::process::free_ports(n)?;
+        let peer = |p: &u16| format!("127.0.0.1:{p}");
+        let mut envoys = Vec::with_capacity(n);
+        for (i, port) in ports.iter().enumerate() {
+            let peers: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j != i)
+                .map(|(_, p)| peer(p))
+                .collect();
+            // A raw filter text is used as it is (no gossip section added).
+            let base = match filter {
+                crate::FilterConfig::Default => Some(serde_json::json!({})),
+                crate::FilterConfig::Patched(v) => Some(v.clone()),
+                crate::FilterConfig::Raw(_) => None,
+            };
+            let filter = match base {
+                Some(mut patch) if gossip && mode == crate::EnvoyMode::PrefixRouter => {
+                    if let Some(obj) = patch.as_object_mut() {
+                        obj.insert(
+                            "gossip".to_string(),
+                            serde_json::json!({
+                                "peers": peers, "cluster": "prefix_router_peers", "interval_ms": 100
+                            }),
+                        );
+                    }
+                    crate::FilterConfig::Patched(patch)
+                }
+                _ => filter.clone(),
+            };
+            let opts = EnvoyOptions {
+                mode,
+                filter,
+                listener_port: Some(*port),
+                peers: peers.clone(),
+                ..EnvoyOptions::default()
+            };
+            envoys.push(Envoy::start(&self.backends, &opts, self.dir.path())?);
+        }
+        Ok(envoys)
+    }
+
     /// Stops Envoy and the backends now (also done on drop).
     pub fn stop(&mut self) {
         self.stop_envoy();

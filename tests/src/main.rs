@@ -261,7 +261,9 @@ fn run_one(
             .map_err(|e| e.to_string())?
             .1
     } else {
-        let envoys = start_envoys(&lab, mode, filter, n, args.gossip)?;
+        let envoys = lab
+            .start_envoys(n, mode, filter, args.gossip)
+            .map_err(|e| e.to_string())?;
         let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
         println!(
             "   Envoys {}; running {} conversations x {} turns, {} at once, turns alternating",
@@ -284,57 +286,6 @@ fn run_one(
     );
     lab.stop();
     Ok(report)
-}
-
-/// `n` Envoys in front of the lab's backends, each with `filter`; with `gossip` (and the
-/// filter) each gossips its index to all the others.
-fn start_envoys(
-    lab: &Lab,
-    mode: EnvoyMode,
-    filter: &FilterConfig,
-    n: usize,
-    gossip: bool,
-) -> Result<Vec<prefix_router_lab::Envoy>, String> {
-    let ports = prefix_router_lab::process::free_ports(n).map_err(|e| e.to_string())?;
-    let peer = |p: &u16| format!("127.0.0.1:{p}");
-    let mut envoys = Vec::with_capacity(n);
-    for (i, port) in ports.iter().enumerate() {
-        let peers: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| j != i)
-            .map(|(_, p)| peer(p))
-            .collect();
-        let filter = if gossip && mode == EnvoyMode::PrefixRouter {
-            let mut patch = match filter {
-                FilterConfig::Patched(v) => v.clone(),
-                _ => serde_json::json!({}),
-            };
-            if let Some(obj) = patch.as_object_mut() {
-                obj.insert(
-                    "gossip".to_string(),
-                    serde_json::json!({
-                        "peers": peers, "cluster": "prefix_router_peers", "interval_ms": 100
-                    }),
-                );
-            }
-            FilterConfig::Patched(patch)
-        } else {
-            filter.clone()
-        };
-        let opts = EnvoyOptions {
-            mode,
-            filter,
-            listener_port: Some(*port),
-            peers: peers.clone(),
-            ..EnvoyOptions::default()
-        };
-        envoys.push(
-            prefix_router_lab::Envoy::start(&lab.backends, &opts, lab.dir())
-                .map_err(|e| e.to_string())?,
-        );
-    }
-    Ok(envoys)
 }
 
 fn demo(args: &[String]) -> Result<(), String> {
