@@ -212,6 +212,9 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
             other => return Err(format!("unknown option {other}")),
         }
     }
+    if d.gossip && d.proxies < 2 {
+        return Err("--gossip needs --proxies 2 or more".to_string());
+    }
     Ok(d)
 }
 
