@@ -2085,3 +2085,53 @@ fn sglang_router_runs_the_demo_workload_for_a_side_by_side_column() {
         .expect_err("manual is not offered");
     assert!(e.to_string().contains("cache_aware"), "{e}");
 }
+
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn load_ties_send_new_conversations_to_the_least_loaded_replica() {
+    let _g = serial();
+    // Three replicas report 2 running requests (answers being decoded: no prefill queued, so
+    // the cost rule's estimates for a new prompt are equal everywhere); the fourth is idle.
+    // The scrape gives the filter those counts without traffic. The hot-host rule is off to
+    // look at ties alone.
+    let run = |ties: &str| -> (String, usize, usize) {
+        let label = format!("e2e-ties-{ties}");
+        let lab = lab(
+            &label,
+            EnvoyMode::PrefixRouter,
+            FilterConfig::Patched(json!({
+                "cost": {"ties": ties, "hot_window_s": 0},
+                "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
+            })),
+        );
+        let idle = lab.backends[3].name.clone();
+        for b in &lab.backends[..3] {
+            ok(b.set_extra_running(2));
+        }
+        // A few scrapes (every 200 ms).
+        std::thread::sleep(Duration::from_millis(1000));
+        let agent = http::agent(Duration::from_secs(30));
+        let fresh = 12;
+        let mut landed = 0;
+        for i in 0..fresh {
+            let mut h = conversation_start(&label, i);
+            let r = chat_turn(&agent, &lab, &mut h, "What is this about?");
+            assert!(r.ok(), "{ties}: conversation {i}: {r:?}");
+            if r.backend.as_deref() == Some(idle.as_str()) {
+                landed += 1;
+            }
+        }
+        eprintln!("ties {ties}: {landed} of {fresh} new conversations on the idle replica {idle}");
+        (idle, landed, fresh)
+    };
+    let (_, landed, fresh) = run("load");
+    assert_eq!(
+        landed, fresh,
+        "with load ties every new conversation goes to the idle replica"
+    );
+    let (_, landed_ring, fresh) = run("ring");
+    assert!(
+        landed_ring < fresh,
+        "with ring ties new conversations go to their ring owners ({landed_ring} of {fresh} on the idle one)"
+    );
+}

@@ -37,6 +37,7 @@
 //! | `cost.service_s` | 0.5 | expected queue wait per request of effective load, seconds (`cost.queue = requests`; with `tokens`, the price of each request in a replica's reported queue) |
 //! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
+//! | `cost.ties` | `"ring"` | how equal estimates are broken: `"ring"`, the earlier host on the key's walk (the owner first), so every proxy breaks them alike; `"load"`, the lower effective load, then ring order (equal loads still go by the ring). `"load"` spreads new conversations over idle replicas: for one Envoy, or several that gossip and scrape (README "Which mode to run") |
 //! | `cost.inflight_s` | 0 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill); 0 = off. An experiment: it evens out request counts but moved turns off their cache in the Envoy demo (BENCHMARKS "The new default") |
 //! | `cost.hot_window_s` | 10 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and keeps only half its `min_capacity` floor: it takes requests only under `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` until it cools down, except prompts the index credits it with at least half of (a conversation's next turn). The floor lets a host with cached prefixes hold more than its share while load is light; this takes most of that back from a host that kept it. 0 = off |
 //! | `cost.hot_factor` | 1.1 | see `cost.hot_window_s`; `>= 1` |
@@ -228,6 +229,8 @@ pub struct RawCost {
     pub queue: String,
     #[serde(default = "d_stay_margin_s")]
     pub stay_margin_s: f64,
+    #[serde(default = "d_cost_ties")]
+    pub ties: String,
     #[serde(default)]
     pub learn_prefill: bool,
     #[serde(default)]
@@ -257,6 +260,7 @@ impl Default for RawCost {
             max_age_ms: 0,
             queue: d_cost_queue(),
             stay_margin_s: d_stay_margin_s(),
+            ties: d_cost_ties(),
             learn_prefill: false,
             inflight_s: 0.0,
             hot_window_s: d_hot_window_s(),
@@ -272,6 +276,9 @@ fn d_cost_mode() -> String {
 }
 fn d_cost_queue() -> String {
     "tokens".into()
+}
+fn d_cost_ties() -> String {
+    "ring".into()
 }
 fn d_hot_window_s() -> f64 {
     crate::cost::CostParams::default().hot_window_s
@@ -359,6 +366,17 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
                 "cost.queue",
                 format!("{q:?}"),
                 "must be \"requests\" or \"tokens\"",
+            ))
+        }
+    };
+    let ties = match c.ties.as_str() {
+        "ring" => crate::cost::Ties::Ring,
+        "load" => crate::cost::Ties::Load,
+        t => {
+            return Err(err(
+                "cost.ties",
+                format!("{t:?}"),
+                "must be \"ring\" or \"load\"",
             ))
         }
     };
@@ -474,6 +492,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             candidates: c.candidates,
             queue,
             stay_margin_s: c.stay_margin_s,
+            ties,
             inflight_s: c.inflight_s,
             hot_window_s: c.hot_window_s,
             hot_factor: c.hot_factor,
@@ -1501,6 +1520,7 @@ mod tests {
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
             (r#"{"stay_margin_s":-0.1}"#, "cost.stay_margin_s"),
             (r#"{"stay_margin_s":1e9}"#, "cost.stay_margin_s"),
+            (r#"{"ties":"random"}"#, "cost.ties"),
             (r#"{"inflight_s":-1}"#, "cost.inflight_s"),
             (r#"{"hot_window_s":-1}"#, "cost.hot_window_s"),
             (r#"{"hot_window_s":1e9}"#, "cost.hot_window_s"),

@@ -171,6 +171,32 @@
 //!   It does not reach 1.25 on every seed: the pure bound itself allows
 //!   `ceil(1.25 x 33 / 8) = 6` requests against a mean of 4.
 //!
+//! ## Ties (`cost.ties`)
+//! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
+//! default) the earlier host on the key's walk wins, so proxies that see
+//! the same estimates agree, and a prompt nobody holds goes to its ring
+//! owner whenever the owner has no more prefill ahead than the others.
+//! With [`Ties::Load`] the lower effective load wins among equal
+//! estimates, then ring order, so equal loads still go by the ring. Equal
+//! estimates are common for a new conversation: several replicas have no
+//! prefill pending, and the owner may already be decoding more answers
+//! than the others. Going by load spreads new conversations (and their
+//! future caches) over the replicas; going by ring keeps every proxy's
+//! choice the same without telling each other.
+//! - Measured (BENCHMARKS "Ties by load"): one Envoy, the demo, three
+//!   seeds: hit rate 76.8 / 80.6 / 81.2 % against 73.4 / 79.5 / 75.9 %,
+//!   TTFT p90 157 / 139 / 133 ms against 165 / 146 / 153 ms; the
+//!   simulator at issue 4's loads, twelve seeds, one proxy: TTFT p90
+//!   within 0.5 %, worst windows within 1.25 on 15 of 24 seed-cells
+//!   against 11.
+//! - Several proxies: each one's effective load is its own view, so two
+//!   proxies may each send the next new conversation to the same idle
+//!   replica. Without gossip the next turn of a conversation one proxy
+//!   moved is not found by the others (as with ring ties under a burst).
+//!   With gossip but no scrape, two of six demo runs herded (42.1 and
+//!   51.2 % hit rate); with gossip and the scrape, 76.4-78.3 % in three.
+//! - Cost: one load comparison per candidate.
+//!
 //! ## Worked example: a hit is worth exactly the prefill time it saves
 //! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
 //! tokens of it. Successor B: load 1, holds nothing. Defaults (0.5 s a
@@ -225,6 +251,17 @@ pub enum QueueMode {
     Tokens,
 }
 
+/// How the cost rule breaks ties between equal estimates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Ties {
+    /// The earlier host on the key's walk (the owner first): every proxy
+    /// breaks a tie the same way.
+    #[default]
+    Ring,
+    /// The host with the lower effective load, then ring order.
+    Load,
+}
+
 /// Cost-rule parameters, in plain units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostParams {
@@ -245,6 +282,10 @@ pub struct CostParams {
     /// holding the longest cached prefix to take the request from it
     /// (default 0.1; 0: pure argmin). See "Staying with the cache".
     pub stay_margin_s: f64,
+    /// How estimates within [`EPSILON_S`] of each other are broken: ring
+    /// order (default, proxies agree) or the lower effective load. See
+    /// "Ties".
+    pub ties: Ties,
     /// Seconds each request this router has in flight at a host adds to a
     /// newcomer's wait there with [`QueueMode::Tokens`] (default 0: off).
     /// See [`pending_with_report`].
@@ -266,6 +307,7 @@ impl Default for CostParams {
             candidates: 6,
             queue: QueueMode::Tokens,
             stay_margin_s: 0.1,
+            ties: Ties::Ring,
             inflight_s: 0.0,
             hot_window_s: 10.0,
             hot_factor: 1.1,
@@ -551,7 +593,13 @@ pub fn place<I: PrefixLookup + ?Sized>(
             moved: i > 0,
             hot_skipped,
         };
-        if best.is_none_or(|b| t < b.ttft_s - EPSILON_S) {
+        let better = |b: &CostPlacement| {
+            t < b.ttft_s - EPSILON_S
+                || (p.ties == Ties::Load
+                    && t <= b.ttft_s + EPSILON_S
+                    && load < loads.get(b.host).copied().unwrap_or(0))
+        };
+        if best.as_ref().is_none_or(better) {
             best = Some(here);
         }
         if c > 0 && home.is_none_or(|m| c > m.cached_bytes) {
@@ -647,6 +695,76 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.host, c.rank, c.cached_bytes), (a, 0, 40_000));
+    }
+
+    #[test]
+    fn load_ties_go_to_the_lower_load_and_equal_loads_to_ring_order() {
+        let r = ring(4);
+        let key = 777u64;
+        let walk: Vec<usize> = r.walk(key).collect();
+        let bound = Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        };
+        let el = vec![true; 4];
+        let index = ix();
+        let chain: Vec<u64> = (1..=8).collect();
+        // Nothing cached, nothing pending: every estimate is the same prefill.
+        let at = |loads: &[u64], ties: Ties| {
+            let p = CostParams {
+                ties,
+                ..CostParams::default()
+            };
+            place(
+                &r,
+                key,
+                loads,
+                &[0; 4],
+                &bound,
+                &el,
+                &[],
+                &chain,
+                8000,
+                &index,
+                0,
+                &p,
+            )
+            .unwrap()
+        };
+        let mut loads = vec![2u64; 4];
+        loads[walk[0]] = 3;
+        loads[walk[2]] = 1;
+        // Ring ties: the owner, busier or not.
+        assert_eq!(at(&loads, Ties::Ring).host, walk[0]);
+        // Load ties: the least loaded candidate, and it counts as moved.
+        let c = at(&loads, Ties::Load);
+        assert_eq!((c.host, c.rank, c.moved), (walk[2], 2, true));
+        // Equal loads: ring order either way, so proxies agree under even load.
+        let even = vec![2u64; 4];
+        assert_eq!(at(&even, Ties::Load).host, walk[0]);
+        // A lower estimate still wins over a lower load.
+        let p = CostParams {
+            ties: Ties::Load,
+            ..CostParams::default()
+        };
+        let mut pending = vec![0u64; 4];
+        pending[walk[2]] = 16_000; // a second of prefill ahead
+        let c = place(
+            &r,
+            key,
+            &loads,
+            &pending,
+            &bound,
+            &el,
+            &[],
+            &chain,
+            8000,
+            &index,
+            0,
+            &p,
+        )
+        .unwrap();
+        assert_eq!(c.host, walk[1]);
     }
 
     #[test]
@@ -914,15 +1032,17 @@ mod tests {
         if under.is_empty() {
             return r.place(key, loads, b, el).map(|x| x.host);
         }
-        let mut best = under[0];
-        let mut bt = p.estimate_s(loads[best], pending[best], prompt, cached[best]);
-        for &h in &under[1..] {
-            let t = p.estimate_s(loads[h], pending[h], prompt, cached[h]);
-            if t < bt - EPSILON_S {
-                best = h;
-                bt = t;
-            }
-        }
+        // The smallest estimate; among equal ones (within EPSILON_S) the
+        // lower load with `Ties::Load`, then the earlier on the walk.
+        let est = |h: usize| p.estimate_s(loads[h], pending[h], prompt, cached[h]);
+        let tmin = under.iter().map(|&h| est(h)).fold(f64::INFINITY, f64::min);
+        let best = under
+            .iter()
+            .copied()
+            .filter(|&h| est(h) <= tmin + EPSILON_S)
+            .min_by_key(|&h| if p.ties == Ties::Load { loads[h] } else { 0 })
+            .unwrap();
+        let bt = est(best);
         // The longest cached prefix (first on ties) keeps it within the margin.
         if under.len() > 1 {
             let most = under.iter().map(|&h| cached[h]).max().unwrap_or(0);
@@ -1083,6 +1203,7 @@ mod tests {
             tokens in any::<bool>(),
             margin in prop_oneof![Just(0.0f64), 0.0f64..0.5],
             hot in proptest::collection::vec(any::<bool>(), 8),
+            load_ties in any::<bool>(),
         ) {
             let r = ring(n);
             let loads = &loads[..n];
@@ -1090,7 +1211,8 @@ mod tests {
             if !el.iter().any(|e| *e) { el.iter_mut().for_each(|e| *e = true); }
             let bound = Bound { factor: c, min_capacity: floor };
             let queue = if tokens { QueueMode::Tokens } else { QueueMode::Requests };
-            let p = CostParams { service_s: service, candidates: cands, queue, stay_margin_s: margin, ..CostParams::default() };
+            let ties = if load_ties { Ties::Load } else { Ties::Ring };
+            let p = CostParams { service_s: service, candidates: cands, queue, stay_margin_s: margin, ties, ..CostParams::default() };
             let pending = &pending[..n];
             let chain: Vec<u64> = (1..=5).collect();
             let mut index = ix();

@@ -77,6 +77,7 @@ pub struct Params {
     pub max_entries: u64,
     pub queue: String,
     pub stay_margin_s: f64,
+    pub ties: String,
     pub inflight_s: f64,
     pub hot_window_s: f64,
     pub hot_factor: f64,
@@ -105,6 +106,7 @@ impl Params {
             max_entries: d.max_entries,
             queue: d.queue,
             stay_margin_s: d.stay_margin_s,
+            ties: d.ties.clone(),
             inflight_s: d.inflight_s,
             hot_window_s: d.hot_window_s,
             hot_factor: d.hot_factor,
@@ -125,6 +127,7 @@ impl Params {
                 "max_entries" => p.max_entries = num(k, v)? as u64,
                 "queue" => p.queue = v.clone(),
                 "stay" | "stay_margin_s" => p.stay_margin_s = num(k, v)?,
+                "ties" => p.ties = v.clone(),
                 "inflight_s" => p.inflight_s = num(k, v)?,
                 "hot_window_s" => p.hot_window_s = num(k, v)?,
                 "hot_factor" => p.hot_factor = num(k, v)?,
@@ -171,6 +174,7 @@ impl Params {
         raw.cost.max_entries = self.max_entries;
         raw.cost.queue = self.queue.clone();
         raw.cost.stay_margin_s = self.stay_margin_s;
+        raw.cost.ties = self.ties.clone();
         raw.cost.inflight_s = self.inflight_s;
         raw.cost.hot_window_s = self.hot_window_s;
         raw.cost.hot_factor = self.hot_factor;
