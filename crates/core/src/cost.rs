@@ -709,8 +709,7 @@ mod tests {
         let el = vec![true; 4];
         let index = ix();
         let chain: Vec<u64> = (1..=8).collect();
-        // Nothing cached, nothing pending: every estimate is the same prefill.
-        let at = |loads: &[u64], ties: Ties| {
+        let at = |loads: &[u64], pending: &[u64], ties: Ties| {
             let p = CostParams {
                 ties,
                 ..CostParams::default()
@@ -719,7 +718,7 @@ mod tests {
                 &r,
                 key,
                 loads,
-                &[0; 4],
+                pending,
                 &bound,
                 &el,
                 &[],
@@ -731,40 +730,22 @@ mod tests {
             )
             .unwrap()
         };
+        // Nothing cached, nothing pending: every estimate is the same prefill.
+        let idle = [0u64; 4];
         let mut loads = vec![2u64; 4];
         loads[walk[0]] = 3;
         loads[walk[2]] = 1;
         // Ring ties: the owner, busier or not.
-        assert_eq!(at(&loads, Ties::Ring).host, walk[0]);
+        assert_eq!(at(&loads, &idle, Ties::Ring).host, walk[0]);
         // Load ties: the least loaded candidate, and it counts as moved.
-        let c = at(&loads, Ties::Load);
+        let c = at(&loads, &idle, Ties::Load);
         assert_eq!((c.host, c.rank, c.moved), (walk[2], 2, true));
         // Equal loads: ring order either way, so proxies agree under even load.
-        let even = vec![2u64; 4];
-        assert_eq!(at(&even, Ties::Load).host, walk[0]);
+        assert_eq!(at(&[2; 4], &idle, Ties::Load).host, walk[0]);
         // A lower estimate still wins over a lower load.
-        let p = CostParams {
-            ties: Ties::Load,
-            ..CostParams::default()
-        };
-        let mut pending = vec![0u64; 4];
+        let mut pending = [0u64; 4];
         pending[walk[2]] = 16_000; // a second of prefill ahead
-        let c = place(
-            &r,
-            key,
-            &loads,
-            &pending,
-            &bound,
-            &el,
-            &[],
-            &chain,
-            8000,
-            &index,
-            0,
-            &p,
-        )
-        .unwrap();
-        assert_eq!(c.host, walk[1]);
+        assert_eq!(at(&loads, &pending, Ties::Load).host, walk[1]);
     }
 
     #[test]
