@@ -281,12 +281,7 @@ fn run_one(
         drop(envoys);
         report
     };
-    println!(
-        "   done: {}/{} ok in {:.1} s",
-        report.ok,
-        report.requests,
-        report.wall.as_secs_f64()
-    );
+    print_done(&report);
     lab.stop();
     Ok(report)
 }
@@ -331,6 +326,15 @@ fn demo(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn print_done(report: &Report) {
+    println!(
+        "   done: {}/{} ok in {:.1} s",
+        report.ok,
+        report.requests,
+        report.wall.as_secs_f64()
+    );
+}
+
 /// The workload through sglang-router with `policy`, in front of 4 fresh backends.
 fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
     let label = format!("sglang-router {policy}");
@@ -366,12 +370,7 @@ fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Repo
     let (_run, report) = lab
         .run_workload_at(workload, &label, &urls)
         .map_err(|e| e.to_string())?;
-    println!(
-        "   done: {}/{} ok in {:.1} s",
-        report.ok,
-        report.requests,
-        report.wall.as_secs_f64()
-    );
+    print_done(&report);
     for r in &mut routers {
         r.stop();
     }

@@ -383,11 +383,16 @@ impl Router {
 
     /// Effective loads and eligibility (ejected hosts are skipped, unless
     /// every host is ejected).
-    fn loads(&self, loads: &[HostLoad], now_ms: u64) -> (Vec<u64>, Vec<bool>) {
+    /// Each configured host's effective load at `now_ms` (missing: 0).
+    fn effective(&self, loads: &[HostLoad], now_ms: u64) -> Vec<u64> {
         let ttl = self.cfg.load.report_ttl_ms;
-        let eff: Vec<u64> = (0..self.cfg.hosts.len())
-            .map(|i| loads.get(i).map(|l| l.effective(now_ms, ttl)).unwrap_or(0))
-            .collect();
+        (0..self.cfg.hosts.len())
+            .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, ttl)))
+            .collect()
+    }
+
+    fn loads(&self, loads: &[HostLoad], now_ms: u64) -> (Vec<u64>, Vec<bool>) {
+        let eff = self.effective(loads, now_ms);
         let mut eligible: Vec<bool> = (0..eff.len())
             .map(|i| !loads.get(i).is_some_and(|l| l.ejected))
             .collect();
@@ -407,10 +412,7 @@ impl Router {
         if !self.cfg.cost.enabled || tau <= 0.0 {
             return;
         }
-        let ttl = self.cfg.load.report_ttl_ms;
-        let eff: Vec<u64> = (0..self.cfg.hosts.len())
-            .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, ttl)))
-            .collect();
+        let eff = self.effective(loads, now_ms);
         trend.observe(now_ms, tau, &eff);
         for (l, &r) in loads.iter_mut().zip(trend.recent()) {
             l.recent = r;
