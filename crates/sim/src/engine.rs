@@ -120,9 +120,8 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
     }
     let n = cfg.replicas;
     let k = cfg.proxies;
-    let mut policies: Vec<Box<dyn Policy>> = (0..k)
-        .map(|p| spec.build(n, cfg.seed, p, Some(cfg.cost.cache_capacity_tokens)))
-        .collect::<Result<_, _>>()
+    let mut policies: Vec<Box<dyn Policy>> = spec
+        .build_fleet(n, cfg.seed, k, Some(cfg.cost.cache_capacity_tokens))
         .map_err(|e| SimError(e.to_string()))?;
     let mut replicas: Vec<Replica> = (0..n).map(|_| Replica::new(cfg.cost.clone())).collect();
     let mut inflight = vec![vec![0u64; n]; k];

@@ -457,3 +457,46 @@ fn gossip_lets_proxies_credit_what_the_others_learned() {
     assert_eq!((a.hit_rate, credited(&a)), (b.hit_rate, credited(&b)));
     assert!(PolicySpec::parse("prefix-router-cost:gossip_ms=-1").is_err());
 }
+
+#[test]
+fn higress_prefix_cache_follows_chat_segments_through_one_shared_store() {
+    // Multi-turn chats: a turn's first segment (system + first user message)
+    // is unique per user, so every first turn is placed by least request
+    // and every later turn follows its conversation's key, whichever
+    // gateway routes it (the store is shared, like Higress's Redis).
+    let wl = small_synthetic("multi-turn:groups=2,users=5,turns=3,system=200,question=30,output=15,session_rate=5,think=0.5");
+    let spec = PolicySpec::parse("higress").expect("spec");
+    for proxies in [1, 4] {
+        let c = SimConfig {
+            proxies,
+            ..cfg(4, 16)
+        };
+        let r = simulate(&wl, &spec, &c).expect("run");
+        assert_eq!(r.completed, 30);
+        assert_eq!(
+            r.affinity, 20,
+            "{proxies} proxies: turns 2 and 3 of 10 chats"
+        );
+        assert_eq!(r.balance, 10, "{proxies} proxies: first turns");
+        assert_eq!(r.fallback, 0);
+    }
+    // A shared system prompt is invisible to it: the first segment closes
+    // at the first user message, so no two requests share a key.
+    let shared = small_synthetic(
+        "shared-prefix:groups=3,prompts=4,system=300,question=40,output=20,rate=20",
+    );
+    let r = simulate(&shared, &spec, &cfg(4, 16)).expect("run");
+    assert_eq!((r.affinity, r.balance), (0, 12));
+    // Completions are not keyed: the cluster's round robin takes them.
+    let m = mooncake_wl(512);
+    let r = simulate(&m, &spec, &cfg(3, 512)).expect("run");
+    assert_eq!(r.fallback, 6);
+    assert_eq!(r.per_replica_requests, vec![2, 2, 2]);
+    // Keyed by 2048-byte blocks, every request shares block 0 with the
+    // first one, and with no load term all of them follow it to one replica.
+    let blocks = PolicySpec::parse("higress:blocks=2048").expect("spec");
+    let r = simulate(&m, &blocks, &cfg(3, 512)).expect("run");
+    assert_eq!(r.fallback, 0);
+    assert_eq!(r.affinity, 5);
+    assert_eq!(r.per_replica_requests.iter().filter(|&&n| n > 0).count(), 1);
+}

@@ -10,6 +10,7 @@
 pub mod baselines;
 pub mod dynamo;
 pub mod gie;
+pub mod higress;
 pub mod kubeai;
 pub mod prefix_router;
 pub mod prefix_router_cost;
@@ -129,6 +130,7 @@ pub enum Kind {
     Gie(gie::Params),
     KubeAi(kubeai::Params),
     Dynamo(dynamo::Params),
+    Higress(higress::Params),
 }
 
 /// A policy as named on the command line: `NAME[:key=value,...]`.
@@ -165,6 +167,7 @@ pub const NAMES: &[&str] = &[
     "gie",
     "kubeai",
     "dynamo",
+    "higress",
 ];
 
 /// What `--policy all` runs, in table order.
@@ -184,6 +187,7 @@ pub const ALL: &[&str] = &[
     "gie",
     "kubeai",
     "dynamo",
+    "higress",
 ];
 
 /// Parse `key=value,...` into pairs.
@@ -235,6 +239,7 @@ impl PolicySpec {
             "gie" => Kind::Gie(gie::Params::parse(&opts)?),
             "kubeai" => Kind::KubeAi(kubeai::Params::parse(&opts)?),
             "dynamo" => Kind::Dynamo(dynamo::Params::parse(&opts)?),
+            "higress" => Kind::Higress(higress::Params::parse(&opts)?),
             _ => {
                 return Err(SpecError(format!(
                     "unknown policy {name:?}; one of {} or all",
@@ -289,7 +294,44 @@ impl PolicySpec {
             Kind::Gie(p) => Box::new(gie::Gie::new(p.clone(), hosts, seed)),
             Kind::KubeAi(p) => Box::new(kubeai::KubeAi::new(p.clone(), hosts)),
             Kind::Dynamo(p) => Box::new(dynamo::Dynamo::new(p.clone(), hosts, seed)),
+            Kind::Higress(p) => Box::new(higress::Higress::new(
+                p.clone(),
+                hosts,
+                proxy,
+                seed,
+                higress::Store::shared(hosts),
+            )),
         })
+    }
+
+    /// Build the `proxies` instances of one run. Instances are independent
+    /// ([`PolicySpec::build`]) except Higress's, which share one store (the
+    /// Redis every gateway talks to).
+    pub fn build_fleet(
+        &self,
+        hosts: usize,
+        seed: u64,
+        proxies: usize,
+        cache_tokens: Option<u64>,
+    ) -> Result<Vec<Box<dyn Policy>>, SpecError> {
+        if let Kind::Higress(p) = &self.kind {
+            let store = higress::Store::shared(hosts);
+            return Ok((0..proxies)
+                .map(|proxy| {
+                    let s = seed_str(seed, &format!("policy:{}:{proxy}", self.label));
+                    Box::new(higress::Higress::new(
+                        p.clone(),
+                        hosts,
+                        proxy,
+                        s,
+                        store.clone(),
+                    )) as Box<dyn Policy>
+                })
+                .collect());
+        }
+        (0..proxies)
+            .map(|proxy| self.build(hosts, seed, proxy, cache_tokens))
+            .collect()
     }
 }
 
