@@ -29,6 +29,9 @@ WORKLOAD
   --synthetic SPEC        shared-prefix | shared-prefix-long-q | zipf | long-context |
                           multi-turn, with options NAME:key=value,... (see README)
   --limit N               first N requests (trace) / sessions (ShareGPT)
+  --spread-ms X           spread each session's start uniformly over X ms
+                          after its timestamp (default 0; the Mooncake
+                          conversation trace's timestamps are on a 3000 ms grid)
   --session-rate R        ShareGPT: sessions per second (default 2)
   --think-s S             ShareGPT: mean think time between turns (default 10)
   --max-turns N           ShareGPT: at most N turns per conversation
@@ -70,6 +73,8 @@ pub struct Args {
     pub policies: Vec<String>,
     pub proxies: Vec<usize>,
     pub rate_scales: Vec<f64>,
+    /// `--spread-ms`: session starts spread over this many ms.
+    pub spread_ms: f64,
     pub json: bool,
     pub plots: Option<PathBuf>,
     pub threads: usize,
@@ -87,6 +92,7 @@ impl Default for Args {
             policies: Vec::new(),
             proxies: vec![1],
             rate_scales: vec![1.0],
+            spread_ms: 0.0,
             json: false,
             plots: None,
             threads: 2,
@@ -142,6 +148,7 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
             }
             "--synthetic" => a.synthetic = Some(val()?),
             "--limit" => a.trace_opts.limit = one("--limit", &val()?)?,
+            "--spread-ms" => a.spread_ms = one("--spread-ms", &val()?)?,
             "--session-rate" => a.trace_opts.session_rate = one("--session-rate", &val()?)?,
             "--think-s" => a.trace_opts.think_s = one("--think-s", &val()?)?,
             "--max-turns" => a.trace_opts.max_turns = one("--max-turns", &val()?)?,
@@ -185,6 +192,9 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     }
     if a.rate_scales.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
         return Err("--rate-scale: values must be > 0".into());
+    }
+    if !(a.spread_ms.is_finite() && a.spread_ms >= 0.0) {
+        return Err("--spread-ms: must be >= 0".into());
     }
     if a.cfg.window_s.is_nan()
         || a.cfg.window_s <= 0.0
@@ -230,19 +240,21 @@ pub fn default_block_tokens(a: &Args) -> u32 {
 /// [`default_block_tokens`]).
 pub fn load_workload(a: &Args) -> Result<Workload, String> {
     let bt = default_block_tokens(a);
-    if let Some(p) = &a.trace {
+    let mut wl = if let Some(p) = &a.trace {
         workload::load_trace(p, &a.trace_opts, a.cfg.seed, bt)
-            .map_err(|e| format!("{}: {e}", p.display()))
+            .map_err(|e| format!("{}: {e}", p.display()))?
     } else if let Some(s) = &a.synthetic {
         let spec = synthetic::Spec::parse(s).map_err(|e| e.to_string())?;
         let mut wl = synthetic::build(&spec, a.cfg.seed, bt);
         if a.trace_opts.limit > 0 {
             wl.truncate_sessions(a.trace_opts.limit);
         }
-        Ok(wl)
+        wl
     } else {
-        Err("no workload".into())
-    }
+        return Err("no workload".into());
+    };
+    wl.spread_starts(a.spread_ms / 1000.0, a.cfg.seed);
+    Ok(wl)
 }
 
 /// Run every (rate scale, proxies, policy) combination; results in that

@@ -500,3 +500,46 @@ fn higress_prefix_cache_follows_chat_segments_through_one_shared_store() {
     assert_eq!(r.affinity, 5);
     assert_eq!(r.per_replica_requests.iter().filter(|&&n| n > 0).count(), 1);
 }
+
+#[test]
+fn spread_starts_moves_sessions_within_the_width_and_is_seeded() {
+    let base = mooncake_wl(512);
+    let starts = |w: &Workload| w.sessions.iter().map(|s| s.start).collect::<Vec<_>>();
+    let mut a = base.clone();
+    a.spread_starts(3.0, 1);
+    let mut b = base.clone();
+    b.spread_starts(3.0, 1);
+    assert_eq!(starts(&a), starts(&b), "same seed, same starts");
+    let mut c = base.clone();
+    c.spread_starts(3.0, 2);
+    assert_ne!(
+        starts(&a),
+        starts(&c),
+        "another seed moves them differently"
+    );
+    for (x, y) in starts(&base).iter().zip(starts(&a)) {
+        assert!(y >= *x && y < x + 3.0, "{x} -> {y}");
+    }
+    assert_ne!(starts(&base), starts(&a));
+    let mut z = base.clone();
+    z.spread_starts(0.0, 1);
+    assert_eq!(starts(&base), starts(&z));
+    assert_eq!(z.name, base.name);
+}
+
+#[test]
+fn load_gossip_experiment_runs_and_is_a_no_op_for_one_proxy() {
+    let wl = small_synthetic("multi-turn:groups=2,users=6,turns=3,system=300,question=30,output=20,session_rate=4,think=1");
+    let plain = PolicySpec::parse("prefix-router-cost").expect("spec");
+    let shared = PolicySpec::parse("prefix-router-cost:load_gossip_ms=50").expect("spec");
+    let one = cfg(3, 16);
+    let a = simulate(&wl, &plain, &one).expect("run");
+    let b = simulate(&wl, &shared, &one).expect("run");
+    assert_eq!((a.ttft.p90, a.hit_rate), (b.ttft.p90, b.hit_rate));
+    let three = SimConfig {
+        proxies: 3,
+        ..cfg(3, 16)
+    };
+    let c = simulate(&wl, &shared, &three).expect("run");
+    assert_eq!(c.completed, wl.len());
+}

@@ -306,7 +306,9 @@ impl PolicySpec {
 
     /// Build the `proxies` instances of one run. Instances are independent
     /// ([`PolicySpec::build`]) except Higress's, which share one store (the
-    /// Redis every gateway talks to).
+    /// Redis every gateway talks to), and `prefix-router-cost` with the
+    /// `load_gossip_ms` experiment, whose proxies share a board of their
+    /// pending prefill.
     pub fn build_fleet(
         &self,
         hosts: usize,
@@ -328,6 +330,24 @@ impl PolicySpec {
                     )) as Box<dyn Policy>
                 })
                 .collect());
+        }
+        if let Kind::PrefixRouterCost(p) = &self.kind {
+            if p.load_gossip_ms.is_some() && proxies > 1 {
+                let board: prefix_router_cost::PendingBoard =
+                    std::sync::Arc::new(std::sync::Mutex::new(vec![
+                        std::collections::VecDeque::new(
+                        );
+                        proxies
+                    ]));
+                return (0..proxies)
+                    .map(|slot| {
+                        let mut r =
+                            prefix_router_cost::PrefixRouterCost::new(p, hosts, cache_tokens)?;
+                        r.join_board(board.clone(), slot);
+                        Ok(Box::new(r) as Box<dyn Policy>)
+                    })
+                    .collect();
+            }
         }
         (0..proxies)
             .map(|proxy| self.build(hosts, seed, proxy, cache_tokens))

@@ -87,6 +87,10 @@ pub struct Params {
     /// prefill (the filter before it subtracted the credited prefix);
     /// default `uncached`, the filter's rule.
     pub pending_whole_prompt: bool,
+    /// Experiment `load_gossip_ms=D` (not in the filter): every proxy sees
+    /// the other proxies' pending prefill (tokens and requests per host) as
+    /// it was D ms ago, as gossiping each proxy's load would let it.
+    pub load_gossip_ms: Option<f64>,
     /// `gossip_ms=D`: share observations with the other proxies, D ms late.
     pub gossip_ms: Option<f64>,
 }
@@ -112,6 +116,7 @@ impl Params {
             hot_factor: d.hot_factor,
             learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
+            load_gossip_ms: None,
             gossip_ms: None,
         };
         let mut rest = Vec::new();
@@ -141,6 +146,7 @@ impl Params {
                     }
                     p.gossip_ms = Some(d);
                 }
+                "load_gossip_ms" => p.load_gossip_ms = Some(num(k, v)?),
                 "pending" => {
                     p.pending_whole_prompt = match v.as_str() {
                         "uncached" => false,
@@ -193,6 +199,12 @@ impl Params {
     }
 }
 
+/// Experiment `load_gossip_ms`: per proxy, its pending table over time
+/// (time s, pending tokens per host, pending requests per host), written
+/// by that proxy at every change and pruned by the readers.
+pub type PendingBoard =
+    std::sync::Arc<std::sync::Mutex<Vec<std::collections::VecDeque<(f64, Vec<u64>, Vec<u64>)>>>>;
+
 /// The router with the cost rule and this proxy's index.
 pub struct PrefixRouterCost {
     router: Router,
@@ -204,6 +216,14 @@ pub struct PrefixRouterCost {
     pending: BTreeMap<u64, (Vec<u64>, usize, u64)>,
     /// Per host: uncached prompt tokens of `pending` requests sent there.
     pending_tokens: Vec<u64>,
+    /// Per host: how many `pending` requests were sent there.
+    pending_reqs: Vec<u64>,
+    /// Experiment `load_gossip_ms`: the board, this proxy's slot on it,
+    /// the time of its last entry, and the delay (s).
+    board: Option<PendingBoard>,
+    board_slot: usize,
+    board_last_s: f64,
+    board_delay_s: f64,
     params: prefix_router_core::cost::CostParams,
     pending_whole_prompt: bool,
     last_ms: u64,
@@ -245,6 +265,11 @@ impl PrefixRouterCost {
             use_reports: p.base.use_reports,
             pending: BTreeMap::new(),
             pending_tokens: vec![0; hosts],
+            pending_reqs: vec![0; hosts],
+            board: None,
+            board_slot: 0,
+            board_last_s: f64::NEG_INFINITY,
+            board_delay_s: p.load_gossip_ms.unwrap_or(0.0) / 1000.0,
             params,
             pending_whole_prompt: p.pending_whole_prompt,
             last_ms: 0,
@@ -256,6 +281,29 @@ impl PrefixRouterCost {
             gossip_s: p.gossip_ms.map(|d| d / 1000.0),
             outbox: Default::default(),
         })
+    }
+
+    /// Experiment `load_gossip_ms`: write to `board` at `slot` and read
+    /// the other slots.
+    pub fn join_board(&mut self, board: PendingBoard, slot: usize) {
+        self.board = Some(board);
+        self.board_slot = slot;
+    }
+
+    /// Write this proxy's pending table to its board slot.
+    fn publish(&mut self, now_s: f64) {
+        self.board_last_s = self.board_last_s.max(now_s);
+        if let Some(f) = &self.board {
+            if let Ok(mut f) = f.lock() {
+                if let Some(slot) = f.get_mut(self.board_slot) {
+                    slot.push_back((
+                        self.board_last_s,
+                        self.pending_tokens.clone(),
+                        self.pending_reqs.clone(),
+                    ));
+                }
+            }
+        }
     }
 
     /// The index (tests).
@@ -274,6 +322,9 @@ impl PrefixRouterCost {
         if let Some(t) = self.pending_tokens.get_mut(host) {
             *t = t.saturating_sub(tokens);
         }
+        if let Some(r) = self.pending_reqs.get_mut(host) {
+            *r = r.saturating_sub(1);
+        }
         Some((hashes, tokens))
     }
 }
@@ -283,6 +334,39 @@ impl Policy for PrefixRouterCost {
         refresh_loads(&mut self.loads, view, self.use_reports);
         for (l, &t) in self.loads.iter_mut().zip(&self.pending_tokens) {
             l.pending_prefill_tokens = t;
+        }
+        if let Some(f) = &self.board {
+            if let Ok(mut f) = f.lock() {
+                let seen = view.now - self.board_delay_s;
+                for (i, hist) in f.iter_mut().enumerate() {
+                    if i == self.board_slot {
+                        continue;
+                    }
+                    // The newest entry at least the delay old.
+                    while hist.len() > 1 && hist.get(1).is_some_and(|e| e.0 <= seen) {
+                        hist.pop_front();
+                    }
+                    let Some((at, t, r)) = hist.front() else {
+                        continue;
+                    };
+                    if *at > seen {
+                        continue;
+                    }
+                    for (h, l) in self.loads.iter_mut().enumerate() {
+                        let other_t = t.get(h).copied().unwrap_or(0);
+                        let other_r = r.get(h).copied().unwrap_or(0);
+                        l.pending_prefill_tokens += other_t;
+                        // Those requests are in the report's waiting count,
+                        // which the cost rule also prices: count them as
+                        // running instead (the bound still sees them).
+                        if let Some(rep) = l.report.as_mut() {
+                            let shift = rep.queue.min(other_r as f64).max(0.0);
+                            rep.queue -= shift;
+                            rep.running += shift;
+                        }
+                    }
+                }
+            }
         }
         let now = view.now_ms();
         self.last_ms = self.last_ms.max(now);
@@ -332,6 +416,9 @@ impl Policy for PrefixRouterCost {
             if let Some(t) = self.pending_tokens.get_mut(choice.host) {
                 *t += tokens;
             }
+            if let Some(r) = self.pending_reqs.get_mut(choice.host) {
+                *r += 1;
+            }
             if self.learned_tps.is_some() {
                 // Work known ahead of it at its host, as the filter counts it.
                 let ttl = self.router.config().load.report_ttl_ms;
@@ -348,6 +435,7 @@ impl Policy for PrefixRouterCost {
             self.pending
                 .insert(input.id, (chain.hashes, choice.host, tokens));
         }
+        self.publish(view.now);
         choice
     }
 
@@ -368,6 +456,7 @@ impl Policy for PrefixRouterCost {
             }
         }
         self.on_first_token(id, host);
+        self.publish(t);
     }
 
     fn on_first_token(&mut self, id: u64, host: usize) {

@@ -474,6 +474,21 @@ impl Workload {
     }
 
     /// Keep only the first `n` sessions (by start time order as stored).
+    /// Spread every session's start uniformly over `[start, start +
+    /// width_s)`, seeded: for traces whose timestamps are coarse (the
+    /// Mooncake conversation trace's are on a 3 s grid, so about ten
+    /// requests arrive at the same instant). No-op for `width_s <= 0`.
+    pub fn spread_starts(&mut self, width_s: f64, seed: u64) {
+        if !(width_s.is_finite() && width_s > 0.0) {
+            return;
+        }
+        let mut rng = crate::rng::Rng::new(crate::rng::seed_str(seed, "spread-starts"));
+        for s in &mut self.sessions {
+            s.start += width_s * rng.f64();
+        }
+        self.name = format!("{}, starts spread over {} ms", self.name, width_s * 1000.0);
+    }
+
     pub fn truncate_sessions(&mut self, n: usize) {
         if n == 0 || n >= self.sessions.len() {
             return;
