@@ -188,13 +188,16 @@ impl Lab {
     /// `n` more Envoys in front of the backends (not the lab's own [`Lab::envoy`]; dropping
     /// them stops them), each on its own listener port with the others as its peers (cluster
     /// `prefix_router_peers`) and `filter`; with `gossip` and the filter, `filter` (unless
-    /// raw text) is patched with a `gossip` section naming every other Envoy (interval 100 ms).
+    /// raw text) is patched with a `gossip` section naming every other Envoy (interval 100 ms);
+    /// with `load_gossip` too, each Envoy's section names it (`gossip.name`), so it also sends
+    /// its pending prefill.
     pub fn start_envoys(
         &self,
         n: usize,
         mode: crate::EnvoyMode,
         filter: &crate::FilterConfig,
         gossip: bool,
+        load_gossip: bool,
     ) -> Result<Vec<Envoy>> {
         let ports = crate::process::free_ports(n)?;
         let peer = |p: &u16| format!("127.0.0.1:{p}");
@@ -215,12 +218,13 @@ impl Lab {
             let filter = match base {
                 Some(mut patch) if gossip && mode == crate::EnvoyMode::PrefixRouter => {
                     if let Some(obj) = patch.as_object_mut() {
-                        obj.insert(
-                            "gossip".to_string(),
-                            serde_json::json!({
-                                "peers": peers, "cluster": "prefix_router_peers", "interval_ms": 100
-                            }),
-                        );
+                        let mut g = serde_json::json!({
+                            "peers": peers, "cluster": "prefix_router_peers", "interval_ms": 100
+                        });
+                        if load_gossip {
+                            g["name"] = serde_json::json!(peer(port));
+                        }
+                        obj.insert("gossip".to_string(), g);
                     }
                     crate::FilterConfig::Patched(patch)
                 }

@@ -55,6 +55,8 @@ options:
                       same backends, a conversation's turns alternating between them (default 1)
   --gossip            with --proxies N > 1: the filter's Envoys gossip their indexes (`gossip`
                       with every other Envoy as a peer, interval 100 ms)
+  --load-gossip       --gossip, and each Envoy also sends its pending prefill per replica
+                      (`gossip.name` set to its own address)
   --sglang P[,P..]    also run SGLang's model gateway (sglang-router 0.3.2 from PyPI; install it
                       with `./build.sh peers`) with policy P in front of fresh backends, a column
                       each: cache_aware, round_robin, power_of_two or random
@@ -99,6 +101,8 @@ struct DemoArgs {
     proxies: usize,
     /// `--gossip`: the filter's Envoys gossip.
     gossip: bool,
+    /// `--load-gossip`: and their pending prefill.
+    load_gossip: bool,
 }
 
 /// `LO,HI` with `LO <= HI`.
@@ -122,6 +126,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
         sglang: Vec::new(),
         proxies: 1,
         gossip: false,
+        load_gossip: false,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -196,6 +201,10 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
                 }
             }
             "--gossip" => d.gossip = true,
+            "--load-gossip" => {
+                d.gossip = true;
+                d.load_gossip = true;
+            }
             "--sglang" => {
                 let v = value()?;
                 for p in v.split(',').map(str::trim) {
@@ -213,7 +222,7 @@ fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
         }
     }
     if d.gossip && d.proxies < 2 {
-        return Err("--gossip needs --proxies 2 or more".to_string());
+        return Err("--gossip and --load-gossip need --proxies 2 or more".to_string());
     }
     Ok(d)
 }
@@ -265,7 +274,7 @@ fn run_one(
             .1
     } else {
         let envoys = lab
-            .start_envoys(n, mode, filter, args.gossip)
+            .start_envoys(n, mode, filter, args.gossip, args.load_gossip)
             .map_err(|e| e.to_string())?;
         let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
         println!(

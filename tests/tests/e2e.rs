@@ -2135,3 +2135,165 @@ fn load_ties_send_new_conversations_to_the_least_loaded_replica() {
         "with ring ties new conversations go to their ring owners ({landed_ring} of {fresh} on the idle one)"
     );
 }
+
+// 26. Load gossip (`gossip.name`): an Envoy counts the prefill another Envoy has pending at a
+//     replica, so a burst one Envoy placed is not piled onto by the other.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
+    use prefix_router_lab::envoy::Envoy;
+    use prefix_router_lab::process::free_ports;
+    let _g = serial();
+    require_artifacts(true);
+    // Slow prefill (2,000 tokens/s, real time), so a 64 KiB prompt stays pending for seconds.
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-load-gossip".to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: 65_536,
+            prefill_tokens_per_s: 2000.0,
+            time_scale: 1.0,
+            ..backend_opts()
+        },
+        envoy: None,
+    }));
+    let agent = http::agent(Duration::from_secs(60));
+    let names = lab.replica_names();
+    let small = |i: usize| {
+        vec![
+            json!({"role": "system", "content": format!("Short chat {i}: answer in one line.")}),
+            json!({"role": "user", "content": "Hello?"}),
+        ]
+    };
+    let send = |e: &Envoy, msgs: &[serde_json::Value]| -> RequestRecord {
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(
+            &agent,
+            &e.url("/v1/chat/completions"),
+            &chat_body("sim-llm", msgs, 4),
+            &[],
+            &mut rec,
+        );
+        assert!(rec.ok(), "{rec:?}");
+        rec
+    };
+    // Each small conversation's ring owner, read from an Envoy without gossip in an idle fleet
+    // (a new conversation's estimates tie there, and ties go to the ring owner).
+    let ports = ok(free_ports(5));
+    let plain = ok(Envoy::start(
+        &lab.backends,
+        &EnvoyOptions {
+            mode: EnvoyMode::PrefixRouter,
+            listener_port: Some(ports[4]),
+            ..EnvoyOptions::default()
+        },
+        lab.dir(),
+    ));
+    let owners: Vec<String> = (0..40)
+        .map(|i| send(&plain, &small(i)).backend.unwrap_or_default())
+        .collect();
+    drop(plain);
+    let peer = |p: u16| format!("127.0.0.1:{p}");
+    let busy_replica = || -> Option<String> {
+        lab.backends.iter().find_map(|b| {
+            let m = b.metrics().ok()?;
+            let n = prom::sum_matching(&m, &["num_requests_running"])
+                + prom::sum_matching(&m, &["num_requests_waiting"]);
+            (n > 0.0).then(|| b.name.clone())
+        })
+    };
+    // One run: A places a 64 KiB prompt; while its prefill is pending, B places new
+    // conversations whose ring owner is that replica. Returns (replica, where B sent them,
+    // B's gossip.loads_applied).
+    let run = |a_port: u16, b_port: u16, named: bool| -> (String, Vec<String>, f64) {
+        let opts = |me: u16, other: u16| {
+            let mut g = json!({
+                "peers": [peer(other)], "cluster": "prefix_router_peers", "interval_ms": 50
+            });
+            if named {
+                g["name"] = json!(peer(me));
+            }
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(json!({ "gossip": g })),
+                listener_port: Some(me),
+                peers: vec![peer(other)],
+                ..EnvoyOptions::default()
+            }
+        };
+        let a = ok(Envoy::start(
+            &lab.backends,
+            &opts(a_port, b_port),
+            lab.dir(),
+        ));
+        let b = ok(Envoy::start(
+            &lab.backends,
+            &opts(b_port, a_port),
+            lab.dir(),
+        ));
+        let doc: String = (0..900)
+            .map(|l| {
+                format!("[big {named}] line {l}: the quick brown fox jumps over the lazy dog. ")
+            })
+            .collect();
+        let big = vec![
+            json!({"role": "system", "content": doc}),
+            json!({"role": "user", "content": "Summarise."}),
+        ];
+        let url = a.url("/v1/chat/completions");
+        let body = chat_body("sim-llm", &big, 4);
+        let agent2 = agent.clone();
+        let t = std::thread::spawn(move || {
+            let mut rec = RequestRecord::default();
+            workload::send_streaming(&agent2, &url, &body, &[], &mut rec);
+            rec
+        });
+        let mut z = None;
+        for _ in 0..100 {
+            z = busy_replica();
+            if z.is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let z = z.expect("A's large request reached a replica");
+        // A's next batches (every 50 ms) carry its pending prefill to B.
+        std::thread::sleep(Duration::from_millis(300));
+        let mine: Vec<usize> = (0..owners.len())
+            .filter(|&i| owners[i] == z)
+            .take(3)
+            .collect();
+        assert!(
+            mine.len() >= 2,
+            "few conversations owned by {z}: {owners:?}"
+        );
+        let went: Vec<String> = mine
+            .iter()
+            .map(|&i| send(&b, &small(i)).backend.unwrap_or_default())
+            .collect();
+        let applied = prom::sum_matching(
+            &ok(b.prometheus()),
+            &["prefix_router", "gossip", "loads_applied"],
+        );
+        let big_rec = t.join().expect("the large request's thread");
+        assert!(big_rec.ok(), "{big_rec:?}");
+        assert_eq!(big_rec.backend.as_deref(), Some(z.as_str()));
+        (z, went, applied)
+    };
+    let (z_on, went_on, applied_on) = run(ports[0], ports[1], true);
+    let (z_off, went_off, applied_off) = run(ports[2], ports[3], false);
+    eprintln!(
+        "load gossip on: A's prefill at {z_on}, B sent its conversations to {went_on:?} \
+         (B recorded {applied_on} peer load snapshots); off: at {z_off}, B sent them to \
+         {went_off:?} ({applied_off}); replicas {names:?}"
+    );
+    assert!(applied_on > 0.0 && applied_off == 0.0);
+    assert!(
+        went_on.iter().all(|h| *h != z_on),
+        "with load gossip B should keep new conversations off {z_on}: {went_on:?}"
+    );
+    assert!(
+        went_off.iter().all(|h| *h == z_off),
+        "without it B sends them to their ring owner {z_off}: {went_off:?}"
+    );
+}

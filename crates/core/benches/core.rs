@@ -88,6 +88,7 @@ fn bench_place(c: &mut Criterion) {
                 report: None,
                 ejected: false,
                 pending_prefill_tokens: 0,
+                peer_pending_tokens: 0,
                 recent: 0.0,
             })
             .collect();

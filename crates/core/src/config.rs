@@ -49,7 +49,7 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: on`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
+//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: on`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). With `name` (none: off; this Envoy's own address as its peers list it in their `peers`) every batch also carries this Envoy's pending prefill tokens per replica, sent every `interval_ms` even with no observation, and each peer adds the values its listed peers sent within the last `max(10 x interval_ms, 1000)` ms to its own pending tokens (load gossip: [`crate::gossip::Loads`]). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
 //! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: on`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
 
 use serde::Deserialize;
@@ -561,6 +561,9 @@ pub struct RawGossip {
     pub accept: bool,
     #[serde(default = "d_gossip_batch")]
     pub max_batch_bytes: u64,
+    /// This Envoy as its peers list it: turns on load gossip.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 fn d_gossip_path() -> String {
@@ -588,6 +591,9 @@ pub struct GossipConfig {
     pub max_batch_bytes: usize,
     /// [`crate::gossip::fingerprint`] of this config's index settings.
     pub fingerprint: u64,
+    /// `gossip.name`: with it, batches carry this Envoy's pending prefill
+    /// per replica ([`crate::gossip::Loads`]) and peers count it.
+    pub name: Option<String>,
 }
 
 /// Most gossip peers.
@@ -651,6 +657,15 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
             "must be 1024..=16777216",
         ));
     }
+    if let Some(n) = &g.name {
+        if n.is_empty() || n.len() > 255 || n.chars().any(char::is_control) {
+            return Err(err(
+                "gossip.name",
+                format!("{n:?}"),
+                "must be 1-255 bytes without control characters: this Envoy's address as its peers list it in gossip.peers",
+            ));
+        }
+    }
     if g.peers.is_empty() && !g.accept {
         return Err(err(
             "gossip",
@@ -667,6 +682,7 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
         accept: g.accept,
         max_batch_bytes: usize::try_from(g.max_batch_bytes).unwrap_or(usize::MAX),
         fingerprint: crate::gossip::fingerprint(&cost.index),
+        name: g.name.clone(),
     })
 }
 
@@ -1335,6 +1351,13 @@ mod tests {
             ("/.prefix-router/gossip", 100, 1000, true, 262_144)
         );
         assert_eq!(g.fingerprint, crate::gossip::fingerprint(&ok.cost.index));
+        assert_eq!(g.name, None);
+        let named = Config::from_json(
+            format!(r#"{{{h},"gossip":{{"peers":["b:1"],"cluster":"p","name":"a:1"}}}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(named.gossip.unwrap().name.as_deref(), Some("a:1"));
         // Accept only.
         assert!(
             Config::from_json(format!(r#"{{{h},"gossip":{{}}}}"#).as_bytes())
@@ -1356,6 +1379,7 @@ mod tests {
             (r#""gossip":{"path":"x"}"#, "gossip.path"),
             (r#""gossip":{"interval_ms":5}"#, "gossip.interval_ms"),
             (r#""gossip":{"timeout_ms":0}"#, "gossip.timeout_ms"),
+            (r#""gossip":{"name":""}"#, "gossip.name"),
             (
                 r#""gossip":{"max_batch_bytes":10}"#,
                 "gossip.max_batch_bytes",

@@ -501,6 +501,28 @@ pub fn pending_with_report(
         .saturating_add(from_own)
 }
 
+/// [`pending_with_report`] with other Envoys' pending tokens at the host
+/// (load gossip, [`crate::gossip::Loads`]): those requests are also in the
+/// replica's reported waiting count, so the two are not added; the larger
+/// of the peers' tokens and the report's others counts (the report also
+/// sees clients that are not Envoys; the peers' tokens are exact and
+/// fresher). With `peer_tokens` 0 it is [`pending_with_report`].
+pub fn pending_with_peers(
+    own_tokens: u64,
+    peer_tokens: u64,
+    own_inflight: u64,
+    reported_queue: u64,
+    p: &CostParams,
+) -> u64 {
+    let with_report = pending_with_report(0, own_inflight, reported_queue, p);
+    let per_own = (p.inflight_s * p.prefill_tokens_per_s).max(0.0);
+    let from_own = (own_inflight as f64 * per_own) as u64;
+    let from_others = with_report.saturating_sub(from_own);
+    own_tokens
+        .saturating_add(from_others.max(peer_tokens))
+        .saturating_add(from_own)
+}
+
 /// Choose a host for `key` by estimated TTFT.
 ///
 /// `loads` are effective loads (indexed like the hosts), `pending` each
@@ -768,6 +790,16 @@ mod tests {
         assert_eq!(pending_with_report(5_000, 2, 0, &q), 6_600);
         assert_eq!(pending_with_report(5_000, 1, 3, &q), 21_800);
         assert_eq!(pending_with_report(0, u64::MAX, 0, &q), u64::MAX);
+        // Peers' pending tokens are the larger of the two, never added.
+        assert_eq!(pending_with_peers(5_000, 0, 1, 3, &p), 21_000);
+        assert_eq!(pending_with_peers(5_000, 10_000, 1, 3, &p), 21_000);
+        assert_eq!(pending_with_peers(5_000, 30_000, 1, 3, &p), 35_000);
+        assert_eq!(pending_with_peers(5_000, 30_000, 2, 0, &p), 35_000);
+        assert_eq!(pending_with_peers(5_000, 30_000, 1, 3, &q), 35_800);
+        assert_eq!(
+            pending_with_peers(5_000, 0, 1, 3, &q),
+            pending_with_report(5_000, 1, 3, &q)
+        );
     }
 
     #[test]

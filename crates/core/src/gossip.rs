@@ -31,6 +31,19 @@
 //! "PRG1"  fingerprint:u64  count:u32
 //! count x ( addr_len:u16 addr:[u8; addr_len]  tokens:u64  n:u32  hashes:[u64; n] )
 //! ```
+//! With load gossip (`gossip.name` set) the batch is `"PRG2"` instead and
+//! carries, after the observations, the sender's pending prefill:
+//! ```text
+//! name_len:u16 name:[u8; name_len]  m:u32
+//! m x ( addr_len:u16 addr:[u8; addr_len]  pending_tokens:u64 )
+//! ```
+//! ([`Loads`]: the uncached prompt tokens of the requests the sender has
+//! sent to each replica that have not produced a first byte yet). A
+//! receiver keeps the newest per sender ([`store_peer_pending`]) and adds
+//! the fresh ones to its own pending tokens, so a burst placed by one
+//! Envoy is seen by the others within a gossip interval (BENCHMARKS
+//! "Simultaneous arrivals, and sharing pending prefill between proxies").
+//!
 //! Decoding is strict: a short, over-long or malformed batch is rejected
 //! whole with a [`GossipError`] saying where.
 //!
@@ -43,9 +56,34 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::index::IndexConfig;
+use crate::load::{SharedStore, StoreError};
 
 /// Batch magic and version.
 pub const MAGIC: &[u8; 4] = b"PRG1";
+
+/// Magic of a batch that also carries the sender's [`Loads`].
+pub const MAGIC_LOADS: &[u8; 4] = b"PRG2";
+
+/// Most replicas one [`Loads`] may name.
+pub const MAX_LOADS: usize = 4096;
+
+/// One Envoy's pending prefill per replica, as it gossips it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loads {
+    /// The sender, as its peers list it in `gossip.peers` (`gossip.name`).
+    pub sender: String,
+    /// (replica address, pending uncached prompt tokens).
+    pub pending: Vec<(String, u64)>,
+}
+
+/// A decoded batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub fingerprint: u64,
+    pub observations: Vec<Observation>,
+    /// The sender's pending prefill (`"PRG2"` batches only).
+    pub loads: Option<Loads>,
+}
 
 /// Most hashes one observation may carry (a 16 MiB prompt at 64-byte
 /// chunks and stride 1 would need 262,144; the defaults keep about 100).
@@ -92,6 +130,46 @@ pub fn fingerprint(ix: &IndexConfig) -> u64 {
 /// Encode a batch (observations whose address is longer than `u16::MAX`
 /// bytes or with more than [`MAX_HASHES`] hashes are skipped).
 pub fn encode(fingerprint: u64, obs: &[Observation]) -> Vec<u8> {
+    encode_batch(fingerprint, obs, None)
+}
+
+/// Encode a batch, with the sender's [`Loads`] if given (`"PRG2"`; a name
+/// or address longer than `u16::MAX` bytes, or entries beyond
+/// [`MAX_LOADS`], are left out).
+pub fn encode_batch(fingerprint: u64, obs: &[Observation], loads: Option<&Loads>) -> Vec<u8> {
+    let mut out = encode_observations(
+        if loads.is_some() { MAGIC_LOADS } else { MAGIC },
+        fingerprint,
+        obs,
+    );
+    if let Some(l) = loads {
+        let name = if l.sender.len() <= usize::from(u16::MAX) {
+            l.sender.as_str()
+        } else {
+            ""
+        };
+        put_str(&mut out, name);
+        let ok: Vec<&(String, u64)> = l
+            .pending
+            .iter()
+            .filter(|(a, _)| a.len() <= usize::from(u16::MAX))
+            .take(MAX_LOADS)
+            .collect();
+        out.extend_from_slice(&u32::try_from(ok.len()).unwrap_or(0).to_le_bytes());
+        for (a, t) in ok {
+            put_str(&mut out, a);
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+    }
+    out
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&u16::try_from(s.len()).unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn encode_observations(magic: &[u8; 4], fingerprint: u64, obs: &[Observation]) -> Vec<u8> {
     let ok =
         |o: &&Observation| o.host.len() <= usize::from(u16::MAX) && o.hashes.len() <= MAX_HASHES;
     let size = 16
@@ -101,7 +179,7 @@ pub fn encode(fingerprint: u64, obs: &[Observation]) -> Vec<u8> {
             .map(Observation::encoded_len)
             .sum::<usize>();
     let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(magic);
     out.extend_from_slice(&fingerprint.to_le_bytes());
     let n = obs.iter().filter(ok).count();
     out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
@@ -152,6 +230,13 @@ impl<'a> Reader<'a> {
         a.copy_from_slice(s);
         Ok(u32::from_le_bytes(a))
     }
+    fn string(&mut self, what: &str) -> Result<String, GossipError> {
+        let len = usize::from(self.u16(what)?);
+        let at = self.at;
+        std::str::from_utf8(self.take(len, what)?)
+            .map(str::to_string)
+            .map_err(|_| GossipError(format!("{what} at byte {at} is not UTF-8")))
+    }
     fn u64(&mut self, what: &str) -> Result<u64, GossipError> {
         let s = self.take(8, what)?;
         let mut a = [0u8; 8];
@@ -160,14 +245,26 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// Decode a batch: its fingerprint and observations.
+/// Decode a batch: its fingerprint and observations (any [`Loads`] are
+/// read and dropped).
 pub fn decode(bytes: &[u8]) -> Result<(u64, Vec<Observation>), GossipError> {
+    let b = decode_batch(bytes)?;
+    Ok((b.fingerprint, b.observations))
+}
+
+/// Decode a batch, `"PRG1"` or `"PRG2"`.
+pub fn decode_batch(bytes: &[u8]) -> Result<Batch, GossipError> {
     let mut r = Reader { b: bytes, at: 0 };
-    if r.take(4, "the magic")? != MAGIC {
+    let magic = r.take(4, "the magic")?;
+    let with_loads = if magic == MAGIC {
+        false
+    } else if magic == MAGIC_LOADS {
+        true
+    } else {
         return Err(GossipError(
             "not a prefix-router gossip batch (magic)".into(),
         ));
-    }
+    };
     let fp = r.u64("the fingerprint")?;
     let count = r.u32("the count")? as usize;
     // Each observation takes at least 14 bytes: a count beyond that is a lie.
@@ -200,13 +297,108 @@ pub fn decode(bytes: &[u8]) -> Result<(u64, Vec<Observation>), GossipError> {
             hashes,
         });
     }
+    let loads = if with_loads {
+        let sender = r.string("the sender's name")?;
+        let m = r.u32("the load count")? as usize;
+        if m > MAX_LOADS || m > bytes.len() / 10 {
+            return Err(GossipError(format!(
+                "load count {m} is more than {MAX_LOADS} or does not fit"
+            )));
+        }
+        let mut pending = Vec::with_capacity(m);
+        for _ in 0..m {
+            let a = r.string("a load's address")?;
+            pending.push((a, r.u64("a load's pending tokens")?));
+        }
+        Some(Loads { sender, pending })
+    } else {
+        None
+    };
     if r.at != bytes.len() {
         return Err(GossipError(format!(
-            "{} bytes after the last observation",
-            bytes.len() - r.at
+            "{} bytes after the last {}",
+            bytes.len() - r.at,
+            if with_loads { "load" } else { "observation" }
         )));
     }
-    Ok((fp, obs))
+    Ok(Batch {
+        fingerprint: fp,
+        observations: obs,
+        loads,
+    })
+}
+
+fn peer_key(sender: &str) -> String {
+    format!("prefix_router/peer_pending/{sender}")
+}
+
+/// How long a peer's [`Loads`] count after they arrive: ten gossip
+/// intervals, at least a second (a peer that stopped sending stops
+/// counting).
+pub fn peer_loads_max_age_ms(interval_ms: u64) -> u64 {
+    interval_ms.saturating_mul(10).max(1000)
+}
+
+/// Keep `loads` as its sender's newest pending prefill, received at
+/// `now_ms`, as one value per sender (overwritten whole; the newest
+/// batch wins). Addresses are mapped to this filter's host indexes with
+/// `host_index` (`hosts` of them); returns how many named a host this
+/// filter does not list (skipped).
+pub fn store_peer_pending<S: SharedStore + ?Sized>(
+    store: &S,
+    loads: &Loads,
+    hosts: usize,
+    host_index: impl Fn(&str) -> Option<usize>,
+    now_ms: u64,
+) -> Result<u64, StoreError> {
+    let mut tokens = vec![0u64; hosts];
+    let mut unknown = 0u64;
+    for (a, t) in &loads.pending {
+        match host_index(a).and_then(|i| tokens.get_mut(i)) {
+            Some(x) => *x = x.saturating_add(*t),
+            None => unknown += 1,
+        }
+    }
+    let mut v = Vec::with_capacity(12 + 8 * hosts);
+    v.extend_from_slice(&now_ms.to_le_bytes());
+    v.extend_from_slice(&u32::try_from(hosts).unwrap_or(0).to_le_bytes());
+    for t in &tokens {
+        v.extend_from_slice(&t.to_le_bytes());
+    }
+    store.set(&peer_key(&loads.sender), &v, None)?;
+    Ok(unknown)
+}
+
+/// The pending prefill tokens per host (`hosts` of them) that `peers`
+/// reported within `max_age_ms` of `now_ms`, summed. A value of another
+/// host count (the config changed) or malformed counts nothing.
+pub fn read_peer_pending<S: SharedStore + ?Sized>(
+    store: &S,
+    peers: &[String],
+    hosts: usize,
+    now_ms: u64,
+    max_age_ms: u64,
+) -> Result<Vec<u64>, StoreError> {
+    let mut sum = vec![0u64; hosts];
+    for p in peers {
+        let (v, _) = store.get(&peer_key(p))?;
+        let Some(v) = v else { continue };
+        let mut r = Reader { b: &v, at: 0 };
+        let (Ok(at), Ok(n)) = (r.u64("time"), r.u32("count")) else {
+            continue;
+        };
+        if n as usize != hosts
+            || v.len() != 12 + 8 * hosts
+            || now_ms.saturating_sub(at) > max_age_ms
+        {
+            continue;
+        }
+        for x in sum.iter_mut() {
+            let t = r.u64("tokens").unwrap_or(0);
+            *x = x.saturating_add(t);
+        }
+    }
+    Ok(sum)
 }
 
 /// Observations waiting to be sent, bounded in bytes: when full, the
@@ -370,6 +562,92 @@ mod tests {
         assert_ne!(fingerprint(&a), fingerprint(&d));
         // Not a hashing setting: peers may size their caches differently.
         assert_eq!(fingerprint(&a), fingerprint(&e));
+    }
+
+    fn loads(sender: &str) -> Loads {
+        Loads {
+            sender: sender.into(),
+            pending: vec![("10.0.0.1:8000".into(), 4000), ("10.0.0.2:8000".into(), 0)],
+        }
+    }
+
+    #[test]
+    fn batches_with_loads_round_trip_and_old_batches_still_decode() {
+        let obs = vec![ob("10.0.0.1:8000", 3)];
+        let l = loads("envoy-a:10000");
+        let b = encode_batch(7, &obs, Some(&l));
+        assert_eq!(b.get(..4), Some(&MAGIC_LOADS[..]));
+        let d = decode_batch(&b).expect("decodes");
+        assert_eq!(
+            (d.fingerprint, &d.observations, d.loads.as_ref()),
+            (7, &obs, Some(&l))
+        );
+        // Loads with no observations: the batch a quiet Envoy sends.
+        let e = decode_batch(&encode_batch(7, &[], Some(&l))).expect("decodes");
+        assert!(e.observations.is_empty());
+        assert_eq!(e.loads, Some(l.clone()));
+        // Without loads it is the PRG1 batch, byte for byte.
+        assert_eq!(encode_batch(7, &obs, None), encode(7, &obs));
+        assert_eq!(decode_batch(&encode(7, &obs)).expect("decodes").loads, None);
+        // `decode` reads a PRG2 batch and drops its loads.
+        assert_eq!(decode(&b).expect("decodes"), (7, obs));
+        // Every truncation and any extension is rejected.
+        for cut in 0..b.len() {
+            assert!(
+                decode_batch(b.get(..cut).unwrap_or(&[])).is_err(),
+                "cut {cut}"
+            );
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(decode_batch(&long).is_err());
+    }
+
+    #[test]
+    fn peer_pending_is_kept_per_sender_and_counts_while_fresh() {
+        let s = crate::load::MemStore::default();
+        let hosts = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
+        let idx = |a: &str| hosts.iter().position(|h| *h == a);
+        let mut a = loads("a:1");
+        a.pending.push(("10.9.9.9:8000".into(), 5));
+        assert_eq!(store_peer_pending(&s, &a, 3, idx, 1_000), Ok(1));
+        let b = Loads {
+            sender: "b:1".into(),
+            pending: vec![("10.0.0.1:8000".into(), 100), ("10.0.0.3:8000".into(), 7)],
+        };
+        assert_eq!(store_peer_pending(&s, &b, 3, idx, 1_500), Ok(0));
+        let peers = vec!["a:1".to_string(), "b:1".to_string(), "c:1".to_string()];
+        assert_eq!(
+            read_peer_pending(&s, &peers, 3, 1_600, 1_000),
+            Ok(vec![4100, 0, 7])
+        );
+        // Only the listed peers count.
+        assert_eq!(
+            read_peer_pending(&s, &peers[1..], 3, 1_600, 1_000),
+            Ok(vec![100, 0, 7])
+        );
+        // A newer batch replaces the sender's values.
+        let a2 = Loads {
+            sender: "a:1".into(),
+            pending: vec![("10.0.0.2:8000".into(), 9)],
+        };
+        store_peer_pending(&s, &a2, 3, idx, 1_700).expect("stores");
+        assert_eq!(
+            read_peer_pending(&s, &peers, 3, 1_800, 1_000),
+            Ok(vec![100, 9, 7])
+        );
+        // Stale values stop counting: b's are from 1,500.
+        assert_eq!(
+            read_peer_pending(&s, &peers, 3, 2_600, 1_000),
+            Ok(vec![0, 9, 0])
+        );
+        // Another host count (a config change) counts nothing.
+        assert_eq!(
+            read_peer_pending(&s, &peers, 4, 1_800, 1_000),
+            Ok(vec![0; 4])
+        );
+        assert_eq!(peer_loads_max_age_ms(100), 1000);
+        assert_eq!(peer_loads_max_age_ms(500), 5000);
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub struct HostLoad {
     /// request. Read only by the cost rule with `cost.queue = "tokens"`
     /// ([`crate::cost`]); 0 when the caller does not track it.
     pub pending_prefill_tokens: u64,
+    /// Pending prefill tokens other Envoys reported at this host (load
+    /// gossip, [`crate::gossip::read_peer_pending`]); 0 without it. Read
+    /// by the cost rule ([`HostLoad::pending_ahead`]).
+    pub peer_pending_tokens: u64,
     /// The host's recent effective load ([`LoadTrend`], written by
     /// [`crate::Router::track_recent`]); 0 when the caller does not track
     /// it. Read only by the cost rule's hot-host rule.
@@ -83,6 +87,20 @@ impl HostLoad {
             }
             _ => 0,
         }
+    }
+
+    /// Prefill tokens ahead of a new request here for the cost rule's
+    /// token queue: this proxy's pending tokens plus the larger of the
+    /// peers' ([`HostLoad::peer_pending_tokens`]) and the fresh report's
+    /// other waiting requests ([`crate::cost::pending_with_peers`]).
+    pub fn pending_ahead(&self, now_ms: u64, ttl_ms: u64, p: &crate::cost::CostParams) -> u64 {
+        crate::cost::pending_with_peers(
+            self.pending_prefill_tokens,
+            self.peer_pending_tokens,
+            self.inflight,
+            self.reported(now_ms, ttl_ms),
+            p,
+        )
     }
 
     /// Requests in the replica that are someone else's (other proxies,
@@ -359,6 +377,7 @@ pub fn read_load<S: SharedStore + ?Sized>(
         report,
         ejected: false,
         pending_prefill_tokens: 0,
+        peer_pending_tokens: 0,
         recent: 0.0,
     })
 }
@@ -536,6 +555,7 @@ mod tests {
             }),
             ejected: false,
             pending_prefill_tokens: 0,
+            peer_pending_tokens: 0,
             recent: 0.0,
         }
     }

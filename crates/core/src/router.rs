@@ -463,14 +463,9 @@ impl Router {
         let ttl = self.cfg.load.report_ttl_ms;
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
-                loads.get(i).map_or(0, |l| {
-                    cost::pending_with_report(
-                        l.pending_prefill_tokens,
-                        l.inflight,
-                        l.reported(now_ms, ttl),
-                        params,
-                    )
-                })
+                loads
+                    .get(i)
+                    .map_or(0, |l| l.pending_ahead(now_ms, ttl, params))
             })
             .collect();
         match cost::place(

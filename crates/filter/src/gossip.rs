@@ -11,6 +11,12 @@
 //! - Receiving (`gossip.accept`): a POST to `gossip.path` is answered by
 //!   the filter itself ([`apply`]; 204, or 400 with the reason) and never
 //!   forwarded.
+//! - Load gossip (`gossip.name`): each batch also carries this Envoy's
+//!   pending prefill per replica; with no observation a batch is still
+//!   sent when those values changed, or every five intervals (peers count
+//!   a snapshot for ten, `peer_loads_max_age_ms`); a receiver keeps the newest per sender in shared
+//!   data, and the request path adds its listed peers' fresh values to its
+//!   own pending tokens (`prefix_router_core::gossip::read_peer_pending`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -31,7 +37,14 @@ pub struct Gossiper {
     pending: BTreeSet<u32>,
     /// When the next batch is due (host clock, ms).
     next_ms: u64,
+    /// Load gossip: the pending prefill last sent, and when.
+    last_loads: Vec<(String, u64)>,
+    last_loads_ms: u64,
 }
+
+/// A batch with loads but no observation is sent only when the loads
+/// changed or this many intervals passed (peers count a snapshot for ten).
+const LOADS_KEEPALIVE_INTERVALS: u64 = 5;
 
 impl Gossiper {
     /// One tick: send the outbox if a batch is due. `tick_ms` is the tick
@@ -58,10 +71,47 @@ impl Gossiper {
             }
         };
         st.metrics.inc(st.metrics.gossip_dropped, dropped);
-        if obs.is_empty() || g.peers.is_empty() {
+        if g.peers.is_empty() {
             return;
         }
-        let body = gossip::encode(g.fingerprint, &obs);
+        // Load gossip: this Envoy's pending prefill per replica, sent every
+        // interval (a quiet Envoy's zeros matter as much as a busy one's).
+        let loads = g.name.as_ref().map(|name| gossip::Loads {
+            sender: name.clone(),
+            pending: st
+                .router
+                .config()
+                .hosts
+                .iter()
+                .map(|h| {
+                    let t = shared_index::read_pending_tokens(&SharedData, &h.address)
+                        .unwrap_or_else(|e| {
+                            st.metrics.inc(st.metrics.host_errors, 1);
+                            host::log(
+                                LogLevel::Warn,
+                                &format!(
+                                    "prefix-router: reading pending prefill for gossip: {e:?}"
+                                ),
+                            );
+                            0
+                        });
+                    (h.address.clone(), t)
+                })
+                .collect(),
+        });
+        let loads = loads.filter(|l| {
+            let due = now.saturating_sub(self.last_loads_ms)
+                >= g.interval_ms.saturating_mul(LOADS_KEEPALIVE_INTERVALS);
+            !obs.is_empty() || due || l.pending != self.last_loads
+        });
+        if let Some(l) = &loads {
+            self.last_loads.clone_from(&l.pending);
+            self.last_loads_ms = now;
+        }
+        if obs.is_empty() && loads.is_none() {
+            return;
+        }
+        let body = gossip::encode_batch(g.fingerprint, &obs, loads.as_ref());
         let dest = st.router.config().destination_header.as_str();
         for peer in &g.peers {
             let headers = vec![
@@ -120,13 +170,19 @@ pub struct Applied {
     pub applied: u64,
     /// Observations naming a host not in this filter's `hosts`.
     pub unknown_host: u64,
+    /// Peer load snapshots recorded (0 or 1).
+    pub loads: u64,
 }
 
 /// Record a received batch in this Envoy's shared index, as if its
 /// responses had been seen here: the prefix entries, and the host's
 /// capacity clock advanced by the tokens it took in.
 pub fn apply(st: &State, g: &GossipConfig, body: &[u8], now: u64) -> Result<Applied, GossipError> {
-    let (fp, obs) = gossip::decode(body)?;
+    let gossip::Batch {
+        fingerprint: fp,
+        observations: obs,
+        loads,
+    } = gossip::decode_batch(body)?;
     if fp != g.fingerprint {
         return Err(GossipError(format!(
             "fingerprint {fp:#x} is not this filter's {:#x}: peers must use the same chunk_bytes, cost.stride_chunks and cost.dense_boundaries",
@@ -164,6 +220,27 @@ pub fn apply(st: &State, g: &GossipConfig, body: &[u8], now: u64) -> Result<Appl
         advance_capacity(st, idx, t, now);
     }
     out.applied = known.len() as u64;
+    if let Some(l) = loads {
+        match gossip::store_peer_pending(
+            &SharedData,
+            &l,
+            cfg.hosts.len(),
+            |a| cfg.host_index(a),
+            now,
+        ) {
+            Ok(unknown) => {
+                out.loads = 1;
+                out.unknown_host += unknown;
+            }
+            Err(e) => {
+                st.metrics.inc(st.metrics.host_errors, 1);
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: storing a peer's pending prefill: {e:?}"),
+                );
+            }
+        }
+    }
     Ok(out)
 }
 

@@ -112,6 +112,7 @@ impl Http {
         match result {
             Ok(a) => {
                 st.metrics.inc(st.metrics.gossip_applied, a.applied);
+                st.metrics.inc(st.metrics.gossip_loads, a.loads);
                 st.metrics
                     .inc(st.metrics.gossip_unknown_host, a.unknown_host);
                 self.respond(204, "")
@@ -204,6 +205,26 @@ impl Http {
             }
             loads.push(l);
         }
+        // Load gossip: the pending prefill the peer Envoys reported.
+        if let (true, Some(g)) = (tokens_mode, cfg.gossip.as_ref()) {
+            if !g.peers.is_empty() {
+                let max_age = prefix_router_core::gossip::peer_loads_max_age_ms(g.interval_ms);
+                match prefix_router_core::gossip::read_peer_pending(
+                    &SharedData,
+                    &g.peers,
+                    loads.len(),
+                    now,
+                    max_age,
+                ) {
+                    Ok(peer) => {
+                        for (l, t) in loads.iter_mut().zip(peer) {
+                            l.peer_pending_tokens = t;
+                        }
+                    }
+                    Err(e) => self.host_error("reading the peers' pending prefill", e),
+                }
+            }
+        }
         // The hot-host rule's recent loads (a no-op with it off).
         match self.st.trend.try_borrow_mut() {
             Ok(mut t) => self.st.router.track_recent(&mut t, &mut loads, now),
@@ -282,12 +303,7 @@ impl Http {
                     // tokens and others' waiting requests (tokens mode), or
                     // any request of ours in flight (requests mode, which
                     // does not track tokens).
-                    let mut ahead = cost::pending_with_report(
-                        l.pending_prefill_tokens,
-                        l.inflight,
-                        l.reported(now, ttl),
-                        &params,
-                    );
+                    let mut ahead = l.pending_ahead(now, ttl, &params);
                     if !tokens_mode {
                         ahead = ahead.saturating_add(l.inflight);
                     }

@@ -70,6 +70,7 @@ pub struct Metrics {
     pub gossip_applied: u32,
     pub gossip_unknown_host: u32,
     pub gossip_rejected: u32,
+    pub gossip_loads: u32,
     per_host: Vec<u32>,
 }
 
@@ -182,6 +183,7 @@ impl Metrics {
             gossip_applied: gossip(cfg, "applied"),
             gossip_unknown_host: gossip(cfg, "unknown_host"),
             gossip_rejected: gossip(cfg, "rejected"),
+            gossip_loads: gossip(cfg, "loads_applied"),
             per_host: cfg
                 .hosts
                 .iter()

@@ -306,9 +306,9 @@ impl PolicySpec {
 
     /// Build the `proxies` instances of one run. Instances are independent
     /// ([`PolicySpec::build`]) except Higress's, which share one store (the
-    /// Redis every gateway talks to), and `prefix-router-cost` with the
-    /// `load_gossip_ms` experiment, whose proxies share a board of their
-    /// pending prefill.
+    /// Redis every gateway talks to), and `prefix-router-cost` with
+    /// `load_gossip_ms`, whose proxies share a board of their pending
+    /// prefill (the filter's load gossip).
     pub fn build_fleet(
         &self,
         hosts: usize,

@@ -87,9 +87,9 @@ pub struct Params {
     /// prefill (the filter before it subtracted the credited prefix);
     /// default `uncached`, the filter's rule.
     pub pending_whole_prompt: bool,
-    /// Experiment `load_gossip_ms=D` (not in the filter): every proxy sees
-    /// the other proxies' pending prefill (tokens and requests per host) as
-    /// it was D ms ago, as gossiping each proxy's load would let it.
+    /// `load_gossip_ms=D`: the filter's load gossip (`gossip.name`): every
+    /// proxy adds the other proxies' pending prefill tokens per host, as
+    /// they were D ms ago, to its own.
     pub load_gossip_ms: Option<f64>,
     /// `gossip_ms=D`: share observations with the other proxies, D ms late.
     pub gossip_ms: Option<f64>,
@@ -199,11 +199,11 @@ impl Params {
     }
 }
 
-/// Experiment `load_gossip_ms`: per proxy, its pending table over time
-/// (time s, pending tokens per host, pending requests per host), written
-/// by that proxy at every change and pruned by the readers.
+/// `load_gossip_ms`: per proxy, its pending prefill tokens per host over
+/// time (time s, tokens), written by that proxy at every change and pruned
+/// by the readers.
 pub type PendingBoard =
-    std::sync::Arc<std::sync::Mutex<Vec<std::collections::VecDeque<(f64, Vec<u64>, Vec<u64>)>>>>;
+    std::sync::Arc<std::sync::Mutex<Vec<std::collections::VecDeque<(f64, Vec<u64>)>>>>;
 
 /// The router with the cost rule and this proxy's index.
 pub struct PrefixRouterCost {
@@ -216,9 +216,7 @@ pub struct PrefixRouterCost {
     pending: BTreeMap<u64, (Vec<u64>, usize, u64)>,
     /// Per host: uncached prompt tokens of `pending` requests sent there.
     pending_tokens: Vec<u64>,
-    /// Per host: how many `pending` requests were sent there.
-    pending_reqs: Vec<u64>,
-    /// Experiment `load_gossip_ms`: the board, this proxy's slot on it,
+    /// `load_gossip_ms`: the board, this proxy's slot on it,
     /// the time of its last entry, and the delay (s).
     board: Option<PendingBoard>,
     board_slot: usize,
@@ -265,7 +263,6 @@ impl PrefixRouterCost {
             use_reports: p.base.use_reports,
             pending: BTreeMap::new(),
             pending_tokens: vec![0; hosts],
-            pending_reqs: vec![0; hosts],
             board: None,
             board_slot: 0,
             board_last_s: f64::NEG_INFINITY,
@@ -283,7 +280,7 @@ impl PrefixRouterCost {
         })
     }
 
-    /// Experiment `load_gossip_ms`: write to `board` at `slot` and read
+    /// `load_gossip_ms`: write to `board` at `slot` and read
     /// the other slots.
     pub fn join_board(&mut self, board: PendingBoard, slot: usize) {
         self.board = Some(board);
@@ -296,11 +293,7 @@ impl PrefixRouterCost {
         if let Some(f) = &self.board {
             if let Ok(mut f) = f.lock() {
                 if let Some(slot) = f.get_mut(self.board_slot) {
-                    slot.push_back((
-                        self.board_last_s,
-                        self.pending_tokens.clone(),
-                        self.pending_reqs.clone(),
-                    ));
+                    slot.push_back((self.board_last_s, self.pending_tokens.clone()));
                 }
             }
         }
@@ -322,9 +315,6 @@ impl PrefixRouterCost {
         if let Some(t) = self.pending_tokens.get_mut(host) {
             *t = t.saturating_sub(tokens);
         }
-        if let Some(r) = self.pending_reqs.get_mut(host) {
-            *r = r.saturating_sub(1);
-        }
         Some((hashes, tokens))
     }
 }
@@ -334,6 +324,7 @@ impl Policy for PrefixRouterCost {
         refresh_loads(&mut self.loads, view, self.use_reports);
         for (l, &t) in self.loads.iter_mut().zip(&self.pending_tokens) {
             l.pending_prefill_tokens = t;
+            l.peer_pending_tokens = 0;
         }
         if let Some(f) = &self.board {
             if let Ok(mut f) = f.lock() {
@@ -346,7 +337,7 @@ impl Policy for PrefixRouterCost {
                     while hist.len() > 1 && hist.get(1).is_some_and(|e| e.0 <= seen) {
                         hist.pop_front();
                     }
-                    let Some((at, t, r)) = hist.front() else {
+                    let Some((at, t)) = hist.front() else {
                         continue;
                     };
                     if *at > seen {
@@ -354,16 +345,7 @@ impl Policy for PrefixRouterCost {
                     }
                     for (h, l) in self.loads.iter_mut().enumerate() {
                         let other_t = t.get(h).copied().unwrap_or(0);
-                        let other_r = r.get(h).copied().unwrap_or(0);
-                        l.pending_prefill_tokens += other_t;
-                        // Those requests are in the report's waiting count,
-                        // which the cost rule also prices: count them as
-                        // running instead (the bound still sees them).
-                        if let Some(rep) = l.report.as_mut() {
-                            let shift = rep.queue.min(other_r as f64).max(0.0);
-                            rep.queue -= shift;
-                            rep.running += shift;
-                        }
+                        l.peer_pending_tokens = l.peer_pending_tokens.saturating_add(other_t);
                     }
                 }
             }
@@ -416,20 +398,13 @@ impl Policy for PrefixRouterCost {
             if let Some(t) = self.pending_tokens.get_mut(choice.host) {
                 *t += tokens;
             }
-            if let Some(r) = self.pending_reqs.get_mut(choice.host) {
-                *r += 1;
-            }
             if self.learned_tps.is_some() {
                 // Work known ahead of it at its host, as the filter counts it.
                 let ttl = self.router.config().load.report_ttl_ms;
-                let ahead = self.loads.get(choice.host).map_or(0, |l| {
-                    prefix_router_core::cost::pending_with_report(
-                        l.pending_prefill_tokens,
-                        l.inflight,
-                        l.reported(now, ttl),
-                        &params,
-                    )
-                });
+                let ahead = self
+                    .loads
+                    .get(choice.host)
+                    .map_or(0, |l| l.pending_ahead(now, ttl, &params));
                 self.samples.insert(input.id, (now, ahead));
             }
             self.pending
