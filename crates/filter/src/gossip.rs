@@ -14,9 +14,11 @@
 //! - Load gossip (`gossip.name`): each batch also carries this Envoy's
 //!   pending prefill per replica; with no observation a batch is still
 //!   sent when those values changed, or every five intervals (peers count
-//!   a snapshot for ten, `peer_loads_max_age_ms`); a receiver keeps the newest per sender in shared
-//!   data, and the request path adds its listed peers' fresh values to its
-//!   own pending tokens (`prefix_router_core::gossip::read_peer_pending`).
+//!   a snapshot for ten: `peer_loads_max_age_ms`). A receiver keeps the
+//!   newest per sender in shared data; the request path reads its listed
+//!   peers' fresh values (`prefix_router_core::gossip::read_peer_pending`)
+//!   into `HostLoad::peer_pending_tokens`, which the cost rule weighs
+//!   against the replicas' reports (`cost::pending_with_peers`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -74,8 +76,8 @@ impl Gossiper {
         if g.peers.is_empty() {
             return;
         }
-        // Load gossip: this Envoy's pending prefill per replica, sent every
-        // interval (a quiet Envoy's zeros matter as much as a busy one's).
+        // Load gossip: this Envoy's pending prefill per replica (a quiet
+        // Envoy's zeros matter as much as a busy one's).
         let loads = g.name.as_ref().map(|name| gossip::Loads {
             sender: name.clone(),
             pending: st
