@@ -490,15 +490,7 @@ pub fn pending_with_report(
     reported_queue: u64,
     p: &CostParams,
 ) -> u64 {
-    let others = reported_queue.saturating_sub(own_inflight);
-    let per_request = (p.service_s * p.prefill_tokens_per_s).max(0.0);
-    // `as` saturates for floats out of range (and maps NaN to 0).
-    let from_others = (others as f64 * per_request) as u64;
-    let per_own = (p.inflight_s * p.prefill_tokens_per_s).max(0.0);
-    let from_own = (own_inflight as f64 * per_own) as u64;
-    own_tokens
-        .saturating_add(from_others)
-        .saturating_add(from_own)
+    pending_with_peers(own_tokens, 0, own_inflight, reported_queue, p)
 }
 
 /// [`pending_with_report`] with other Envoys' pending tokens at the host
@@ -514,10 +506,12 @@ pub fn pending_with_peers(
     reported_queue: u64,
     p: &CostParams,
 ) -> u64 {
-    let with_report = pending_with_report(0, own_inflight, reported_queue, p);
+    let others = reported_queue.saturating_sub(own_inflight);
+    let per_request = (p.service_s * p.prefill_tokens_per_s).max(0.0);
+    // `as` saturates for floats out of range (and maps NaN to 0).
+    let from_others = (others as f64 * per_request) as u64;
     let per_own = (p.inflight_s * p.prefill_tokens_per_s).max(0.0);
     let from_own = (own_inflight as f64 * per_own) as u64;
-    let from_others = with_report.saturating_sub(from_own);
     own_tokens
         .saturating_add(from_others.max(peer_tokens))
         .saturating_add(from_own)

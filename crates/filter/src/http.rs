@@ -206,23 +206,25 @@ impl Http {
             loads.push(l);
         }
         // Load gossip: the pending prefill the peer Envoys reported.
-        if let (true, Some(g)) = (tokens_mode, cfg.gossip.as_ref()) {
-            if !g.peers.is_empty() {
-                let max_age = prefix_router_core::gossip::peer_loads_max_age_ms(g.interval_ms);
-                match prefix_router_core::gossip::read_peer_pending(
-                    &SharedData,
-                    &g.peers,
-                    loads.len(),
-                    now,
-                    max_age,
-                ) {
-                    Ok(peer) => {
-                        for (l, t) in loads.iter_mut().zip(peer) {
-                            l.peer_pending_tokens = t;
-                        }
+        let peers = cfg
+            .gossip
+            .as_ref()
+            .filter(|g| tokens_mode && !g.peers.is_empty());
+        if let Some(g) = peers {
+            let max_age = prefix_router_core::gossip::peer_loads_max_age_ms(g.interval_ms);
+            match prefix_router_core::gossip::read_peer_pending(
+                &SharedData,
+                &g.peers,
+                loads.len(),
+                now,
+                max_age,
+            ) {
+                Ok(peer) => {
+                    for (l, t) in loads.iter_mut().zip(peer) {
+                        l.peer_pending_tokens = t;
                     }
-                    Err(e) => self.host_error("reading the peers' pending prefill", e),
                 }
+                Err(e) => self.host_error("reading the peers' pending prefill", e),
             }
         }
         // The hot-host rule's recent loads (a no-op with it off).
