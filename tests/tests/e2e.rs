@@ -2029,6 +2029,87 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
     assert_eq!((header_off, counter_off), (0, 0.0));
 }
 
+// 27. `cost.hot_rule: "mean"`: a hot replica is held to the fleet's mean for new prompts and
+//     to the pure bound (no floor) for the conversations it holds. Every replica reports
+//     running requests through the scrape (the hot one 5, the others 3: 14 in all, so with
+//     `capacity_factor` 1.5 the mean bound is ceil(15 / 4) = 4 and the pure bound
+//     ceil(1.5 x 15 / 4) = 6). New conversations pass the hot replica over; its own
+//     conversations' turns stay. With the default `half_floor` rule its hot bound is
+//     max(6, 8 / 2) = 6, so new conversations do land on it (each with odds about 1/4).
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
+    let _g = serial();
+    // (new conversations on the hot replica, of how many; header hot_skipped sum)
+    let run = |label: &str, rule: &str| -> (usize, usize, u64) {
+        let lab = lab(
+            label,
+            EnvoyMode::PrefixRouter,
+            FilterConfig::Patched(json!({
+                "capacity_factor": 1.5,
+                "cost": {"hot_rule": rule, "hot_window_s": 1},
+                "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
+            })),
+        );
+        let agent = http::agent(Duration::from_secs(30));
+        let mut histories: Vec<Vec<serde_json::Value>> =
+            (0..12).map(|i| conversation_start(label, i)).collect();
+        let homes = two_credited_turns(&agent, &lab, &mut histories);
+        let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
+        for h in &homes {
+            *count.entry(h.as_str()).or_default() += 1;
+        }
+        let hot = count
+            .iter()
+            .max_by_key(|(_, n)| **n)
+            .map(|(h, _)| h.to_string())
+            .unwrap_or_default();
+        let mine: Vec<usize> = (0..homes.len()).filter(|&i| homes[i] == hot).collect();
+        for b in &lab.backends {
+            let n = if b.name == hot { 5 } else { 3 };
+            ok(b.set_extra_running(n));
+        }
+        // A few scrapes, and a recent-load average (1 s) that has seen them.
+        std::thread::sleep(Duration::from_millis(1500));
+        keep_their_credit(&agent, &lab, &mut histories, &mine, &homes);
+        let mut landed = 0;
+        let mut header_skips = 0u64;
+        let fresh = 32;
+        for i in 0..fresh {
+            let mut h = conversation_start(&format!("{label}-new"), i);
+            let r = chat_turn(&agent, &lab, &mut h, "What is this about?");
+            assert!(r.ok(), "new conversation {i}: {r:?}");
+            if r.backend.as_deref() == Some(hot.as_str()) {
+                landed += 1;
+            }
+            header_skips += r
+                .decision
+                .as_deref()
+                .and_then(|d| workload::decision_field(d, "hot_skipped"))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        eprintln!(
+            "{label}: {hot} holds {} of 12 conversations, their turns stayed; {landed} of \
+             {fresh} new ones landed on it (running reported: it 5, the others 3); \
+             hot_skipped header sum {header_skips}",
+            mine.len()
+        );
+        (landed, fresh, header_skips)
+    };
+    let (landed, fresh, header) = run("e2e-hot-mean", "mean");
+    assert_eq!(landed, 0, "new conversations landed on the hot replica");
+    assert!(
+        header >= fresh as u64 - 1,
+        "new conversations should have passed the hot replica over: {header} of {fresh}"
+    );
+    let (landed_half, _, _) = run("e2e-hot-half", "half_floor");
+    assert!(
+        landed_half > 0,
+        "under the half-floor rule some of 32 new conversations should land there"
+    );
+}
+
 #[test]
 #[ignore = "end-to-end: needs sglang-router (./build.sh peers) and the backend (./build.sh test runs it)"]
 fn sglang_router_runs_the_demo_workload_for_a_side_by_side_column() {

@@ -239,6 +239,8 @@ pub struct RawCost {
     pub hot_window_s: f64,
     #[serde(default = "d_hot_factor")]
     pub hot_factor: f64,
+    #[serde(default = "d_hot_rule")]
+    pub hot_rule: String,
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
     #[serde(default = "d_bucket_entries")]
@@ -265,6 +267,7 @@ impl Default for RawCost {
             inflight_s: 0.0,
             hot_window_s: d_hot_window_s(),
             hot_factor: d_hot_factor(),
+            hot_rule: d_hot_rule(),
             index_buckets: d_index_buckets(),
             bucket_entries: d_bucket_entries(),
         }
@@ -276,6 +279,9 @@ fn d_cost_mode() -> String {
 }
 fn d_cost_queue() -> String {
     "tokens".into()
+}
+fn d_hot_rule() -> String {
+    "half_floor".into()
 }
 fn d_cost_ties() -> String {
     "ring".into()
@@ -366,6 +372,17 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
                 "cost.queue",
                 format!("{q:?}"),
                 "must be \"requests\" or \"tokens\"",
+            ))
+        }
+    };
+    let hot_rule = match c.hot_rule.as_str() {
+        "half_floor" => crate::cost::HotRule::HalfFloor,
+        "mean" => crate::cost::HotRule::Mean,
+        r => {
+            return Err(err(
+                "cost.hot_rule",
+                format!("{r:?}"),
+                "must be \"half_floor\" or \"mean\"",
             ))
         }
     };
@@ -496,6 +513,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             inflight_s: c.inflight_s,
             hot_window_s: c.hot_window_s,
             hot_factor: c.hot_factor,
+            hot_rule,
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
@@ -1550,6 +1568,7 @@ mod tests {
             (r#"{"hot_window_s":1e9}"#, "cost.hot_window_s"),
             (r#"{"hot_factor":0.9}"#, "cost.hot_factor"),
             (r#"{"hot_factor":1e9}"#, "cost.hot_factor"),
+            (r#"{"hot_rule":"none"}"#, "cost.hot_rule"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),

@@ -262,6 +262,21 @@ pub enum Ties {
     Load,
 }
 
+/// What a hot host is held to (`cost.hot_rule`; "Hot hosts lose the
+/// floor").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HotRule {
+    /// Half its floor, `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x
+    /// w))`; a prompt it is credited with at least half of still goes
+    /// there up to the full floor.
+    #[default]
+    HalfFloor,
+    /// The fleet's mean, `ceil((L + 1) w / W)`; a prompt it is credited
+    /// with at least half of still goes there under the pure bound
+    /// `ceil(c (L + 1) w / W)`, never on the floor.
+    Mean,
+}
+
 /// Cost-rule parameters, in plain units.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostParams {
@@ -296,6 +311,8 @@ pub struct CostParams {
     /// A host whose recent load per unit weight is above this many times
     /// the fleet's mean is hot (default 1.1).
     pub hot_factor: f64,
+    /// What a hot host is held to (default [`HotRule::HalfFloor`]).
+    pub hot_rule: HotRule,
 }
 
 impl Default for CostParams {
@@ -311,6 +328,7 @@ impl Default for CostParams {
             inflight_s: 0.0,
             hot_window_s: 10.0,
             hot_factor: 1.1,
+            hot_rule: HotRule::HalfFloor,
         }
     }
 }
@@ -547,10 +565,28 @@ pub fn place<I: PrefixLookup + ?Sized>(
     // prompt it is credited with at least half of, and does not count
     // towards `candidates`.
     let mut cands: Vec<(usize, u32, bool)> = Vec::with_capacity(want + 1);
-    let hot_bound = Bound {
-        min_capacity: bound.min_capacity * HOT_FLOOR_SHARE,
-        ..*bound
+    // A hot host at or over `hot_bound` is "held"; with `HotRule::Mean`
+    // one at or over `keep_bound` is passed over whatever it holds.
+    let (hot_bound, keep_bound) = match p.hot_rule {
+        HotRule::HalfFloor => (
+            Bound {
+                min_capacity: bound.min_capacity * HOT_FLOOR_SHARE,
+                ..*bound
+            },
+            *bound,
+        ),
+        HotRule::Mean => (
+            Bound {
+                factor: 1.0,
+                min_capacity: 0.0,
+            },
+            Bound {
+                min_capacity: 0.0,
+                ..*bound
+            },
+        ),
     };
+    let mut hot_skipped = 0u32;
     let mut firm = 0usize;
     for (rank, h) in ring.walk(key).enumerate() {
         if firm >= want {
@@ -563,8 +599,12 @@ pub fn place<I: PrefixLookup + ?Sized>(
         if load >= ring.capacity(h, total, bound) {
             continue;
         }
-        let held =
-            hot.get(h).copied().unwrap_or(false) && load >= ring.capacity(h, total, &hot_bound);
+        let is_hot = hot.get(h).copied().unwrap_or(false);
+        if is_hot && p.hot_rule == HotRule::Mean && load >= ring.capacity(h, total, &keep_bound) {
+            hot_skipped += 1;
+            continue;
+        }
+        let held = is_hot && load >= ring.capacity(h, total, &hot_bound);
         cands.push((h, rank as u32, held));
         firm += usize::from(!held);
     }
@@ -574,7 +614,6 @@ pub fn place<I: PrefixLookup + ?Sized>(
     } else {
         vec![0; cands.len()]
     };
-    let mut hot_skipped = 0u32;
     let mut kept: Vec<(usize, u32, u64)> = Vec::with_capacity(cands.len());
     for (&(h, rank, held), &c) in cands.iter().zip(cached.iter()) {
         if held && (c as f64) < HOT_KEEP_FRACTION * prompt_bytes as f64 {
@@ -968,6 +1007,98 @@ mod tests {
         full[a] = 8;
         let c = at(&most, &full, &hot);
         assert_ne!(c.host, a);
+    }
+
+    #[test]
+    fn the_mean_rule_holds_a_hot_host_to_the_mean_and_its_turns_to_the_pure_bound() {
+        // 4 hosts, 19 requests: the mean bound is ceil(20 / 4) = 5, the
+        // pure bound ceil(1.25 x 20 / 4) = 7, the floor 8. The owner A
+        // holds 6.
+        let r = ring(4);
+        let key = 4242u64;
+        let walk: Vec<usize> = r.walk(key).collect();
+        let a = walk[0];
+        let chain: Vec<u64> = (1..=12).collect();
+        let bound = Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        };
+        let el = vec![true; 4];
+        let mut loads = vec![4u64; 4];
+        loads[a] = 6;
+        loads[walk[3]] = 5;
+        let p = CostParams {
+            hot_rule: HotRule::Mean,
+            ..CostParams::default()
+        };
+        let mut hot = vec![false; 4];
+        hot[a] = true;
+        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| {
+            place(
+                &r,
+                key,
+                loads,
+                &[],
+                &bound,
+                &el,
+                hot,
+                &chain,
+                12_000,
+                index,
+                0,
+                &p,
+            )
+            .unwrap()
+        };
+        let mut some = ix();
+        some.observe(a, &chain[..5], 0);
+        let mut most = ix();
+        most.observe(a, &chain[..6], 0);
+        // Not hot: the floor keeps A, and its cache keeps the request.
+        let c = at(&some, &loads, &[]);
+        assert_eq!((c.host, c.hot_skipped), (a, 0));
+        // Hot, at or over the mean: a prompt it holds under half of goes
+        // elsewhere, and the pass is counted.
+        let c = at(&some, &loads, &hot);
+        assert_eq!(c.hot_skipped, 1);
+        assert_ne!(c.host, a);
+        // A conversation's next turn (half the prompt or more) stays under
+        // the pure bound.
+        let c = at(&most, &loads, &hot);
+        assert_eq!((c.host, c.cached_bytes, c.hot_skipped), (a, 6_000, 0));
+        // At the pure bound (20 requests: ceil(1.25 x 21 / 4) = 7) it goes
+        // elsewhere though under the floor; not hot, the floor keeps it.
+        let mut full = loads.clone();
+        full[a] = 7;
+        let c = at(&most, &full, &hot);
+        assert_eq!(c.hot_skipped, 1);
+        assert_ne!(c.host, a);
+        assert_eq!(at(&most, &full, &[]).host, a);
+        // Under the mean (A at 4 of 17: ceil(18 / 4) = 5) it is a candidate
+        // for any prompt.
+        let mut light = loads.clone();
+        light[a] = 4;
+        let c = at(&some, &light, &hot);
+        assert_eq!((c.host, c.hot_skipped), (a, 0));
+        // The half-floor rule on the same loads keeps the turn up to the
+        // floor.
+        let half = CostParams::default();
+        let c = place(
+            &r,
+            key,
+            &full,
+            &[],
+            &bound,
+            &el,
+            &hot,
+            &chain,
+            12_000,
+            &most,
+            0,
+            &half,
+        )
+        .unwrap();
+        assert_eq!(c.host, a);
     }
 
     #[test]

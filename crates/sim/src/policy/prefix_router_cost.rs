@@ -24,7 +24,7 @@
 //! `inflight_s` (`cost.inflight_s`, 0), `hot_window_s` and `hot_factor`
 //! (`cost.hot_window_s`, 10, and `cost.hot_factor`, 1.1: the hot-host rule,
 //! each proxy keeping its own `LoadTrend` of the loads it sees, as each
-//! filter VM does), `learn=1` (`cost.learn_prefill`:
+//! filter VM does), `hot_rule` (`cost.hot_rule`, `half_floor` | `mean`), `learn=1` (`cost.learn_prefill`:
 //! learn the prefill rate from each request's time to first token with
 //! the core's `learn_prefill_rate`, as the filter does from streamed
 //! responses; JSON `learned_prefill_tps`), `gossip_ms=D` (index gossip,
@@ -81,6 +81,7 @@ pub struct Params {
     pub inflight_s: f64,
     pub hot_window_s: f64,
     pub hot_factor: f64,
+    pub hot_rule: String,
     /// `learn=1`: learn the prefill rate online (`cost.learn_prefill`).
     pub learn_prefill: bool,
     /// Experiment: `pending=prompt` counts whole prompts as pending
@@ -114,6 +115,7 @@ impl Params {
             inflight_s: d.inflight_s,
             hot_window_s: d.hot_window_s,
             hot_factor: d.hot_factor,
+            hot_rule: d.hot_rule.clone(),
             learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
             load_gossip_ms: None,
@@ -136,6 +138,7 @@ impl Params {
                 "inflight_s" => p.inflight_s = num(k, v)?,
                 "hot_window_s" => p.hot_window_s = num(k, v)?,
                 "hot_factor" => p.hot_factor = num(k, v)?,
+                "hot_rule" => p.hot_rule = v.clone(),
                 "learn" | "learn_prefill" => p.learn_prefill = num(k, v)? != 0.0,
                 "gossip_ms" => {
                     let d = num(k, v)?;
@@ -184,6 +187,7 @@ impl Params {
         raw.cost.inflight_s = self.inflight_s;
         raw.cost.hot_window_s = self.hot_window_s;
         raw.cost.hot_factor = self.hot_factor;
+        raw.cost.hot_rule = self.hot_rule.clone();
         raw.cost.learn_prefill = self.learn_prefill;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
