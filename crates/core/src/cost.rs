@@ -171,6 +171,23 @@
 //!   It does not reach 1.25 on every seed: the pure bound itself allows
 //!   `ceil(1.25 x 33 / 8) = 6` requests against a mean of 4.
 //!
+//! ### The mean rule (`cost.hot_rule = "mean"`, opt-in)
+//! [`HotRule::Mean`] holds a hot host harder: to the fleet's mean,
+//! `ceil((L + 1) w / W)`, for a prompt it is credited with less than half
+//! of, and to the pure bound `ceil(c (L + 1) w / W)` (no floor) for one it
+//! holds at least half of; at or over the pure bound it is passed over
+//! whatever it holds (counted in `hot_skipped`). Hosts that are not hot
+//! keep the floor, so a lightly loaded fleet keeps its conversations in
+//! place; a host that stays above the mean loses new conversations
+//! first and then, at the pure bound, the turns it would take beyond it.
+//! Trade-off (BENCHMARKS "The worst window is a noisy statistic, and the
+//! mean rule"): with `hot_window_s` 20, `hot_factor` 1.12 and
+//! `cost.ties = "load"`, Mooncake load A, one proxy, 48 seeds: worst 60 s
+//! window within 1.25 on all 48 at Dynamo's TTFT p90 (the default: 5 of
+//! 48, 3.6 % ahead of Dynamo); at load B 9 % behind the default's p90; in
+//! the Envoy demo 90-91 % of turns on their conversation's replica against
+//! the default's 100 %.
+//!
 //! ## Ties (`cost.ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
 //! default) the earlier host on the key's walk wins, so proxies that see
