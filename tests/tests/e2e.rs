@@ -1948,7 +1948,7 @@ fn prefill_rate_is_learned_from_streamed_responses() {
     );
 }
 
-// 21. Hot hosts lose the capacity floor (`cost.hot_window_s`): a replica reporting 6 running
+// 21. Hot hosts lose the capacity floor (`cost.hot_rule: "half_floor"`, the default before the mean rule): a replica reporting 6 running
 //     requests (under the floor of 8, so the bound alone would still take it; over a hot
 //     host's half floor of 4) is hot against an idle fleet. New conversations pass it over (each counted in
 //     `prefix_router.cost.hot_skipped` and the decision header's `hot_skipped=`), while the
@@ -1965,7 +1965,11 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
         let lab = lab(
             label,
             EnvoyMode::PrefixRouter,
-            FilterConfig::Patched(json!({"cost": {"hot_window_s": window}})),
+            // The half-floor rule (the default before the mean rule), with ring ties so that
+            // without the rule new conversations go to their ring owner.
+            FilterConfig::Patched(json!({"cost": {
+                "hot_window_s": window, "hot_factor": 1.1, "hot_rule": "half_floor", "ties": "ring"
+            }})),
         );
         let agent = http::agent(Duration::from_secs(30));
         let mut histories: Vec<Vec<serde_json::Value>> =
@@ -2029,13 +2033,14 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
     assert_eq!((header_off, counter_off), (0, 0.0));
 }
 
-// 27. `cost.hot_rule: "mean"`: a hot replica is held to the fleet's mean for new prompts and
-//     to the pure bound (no floor) for the conversations it holds. Every replica reports
-//     running requests through the scrape (the hot one 5, the others 3: 14 in all, so with
-//     `capacity_factor` 1.5 the mean bound is ceil(15 / 4) = 4 and the pure bound
-//     ceil(1.5 x 15 / 4) = 6). New conversations pass the hot replica over; its own
-//     conversations' turns stay. With the default `half_floor` rule its hot bound is
-//     max(6, 8 / 2) = 6, so new conversations do land on it (each with odds about 1/4).
+// 27. `cost.hot_rule: "mean"` (the balanced mode): a hot replica is held to the fleet's mean for new
+//     prompts and, for the conversations it holds, to the pure bound or half its floor,
+//     whichever is higher. Every replica reports running requests through the scrape (the hot
+//     one 5, the others 3: 14 in all, so with `capacity_factor` 1.5 the mean bound is
+//     ceil(15 / 4) = 4 and the pure bound ceil(1.5 x 15 / 4) = 6). New conversations pass the
+//     hot replica over; its own conversations' turns stay. With the `half_floor` rule its hot
+//     bound is max(6, 8 / 2) = 6, so new conversations do land on it (each with odds about
+//     1/4).
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
@@ -2047,7 +2052,9 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
             EnvoyMode::PrefixRouter,
             FilterConfig::Patched(json!({
                 "capacity_factor": 1.5,
-                "cost": {"hot_rule": rule, "hot_window_s": 1},
+                // Ring ties: a new conversation nobody holds goes to its ring owner unless a
+                // rule passes the owner over (load ties would avoid the busy replica anyway).
+                "cost": {"hot_rule": rule, "hot_window_s": 1, "ties": "ring"},
                 "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
             })),
         );
