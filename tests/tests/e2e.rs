@@ -1948,6 +1948,49 @@ fn prefill_rate_is_learned_from_streamed_responses() {
     );
 }
 
+/// The replica holding the most conversations (by `homes`), and which conversations it holds.
+fn busiest(homes: &[String]) -> (String, Vec<usize>) {
+    let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
+    for h in homes {
+        *count.entry(h.as_str()).or_default() += 1;
+    }
+    let hot = count
+        .iter()
+        .max_by_key(|(_, n)| **n)
+        .map(|(h, _)| h.to_string())
+        .unwrap_or_default();
+    let mine = (0..homes.len()).filter(|&i| homes[i] == hot).collect();
+    (hot, mine)
+}
+
+/// Opens `fresh` new conversations (one turn each): how many landed on `hot`, and the sum of
+/// their decision headers' `hot_skipped`.
+fn open_new_conversations(
+    agent: &ureq::Agent,
+    lab: &Lab,
+    label: &str,
+    hot: &str,
+    fresh: usize,
+) -> (usize, u64) {
+    let mut landed = 0;
+    let mut header_skips = 0u64;
+    for i in 0..fresh {
+        let mut h = conversation_start(&format!("{label}-new"), i);
+        let r = chat_turn(agent, lab, &mut h, "What is this about?");
+        assert!(r.ok(), "new conversation {i}: {r:?}");
+        if r.backend.as_deref() == Some(hot) {
+            landed += 1;
+        }
+        header_skips += r
+            .decision
+            .as_deref()
+            .and_then(|d| workload::decision_field(d, "hot_skipped"))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    (landed, header_skips)
+}
+
 // 21. Hot hosts lose the capacity floor (`cost.hot_rule: "half_floor"`, the default before the mean rule): a replica reporting 6 running
 //     requests (under the floor of 8, so the bound alone would still take it; over a hot
 //     host's half floor of 4) is hot against an idle fleet. New conversations pass it over (each counted in
@@ -1976,36 +2019,12 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
             (0..12).map(|i| conversation_start(label, i)).collect();
         let homes = two_credited_turns(&agent, &lab, &mut histories);
         // The replica holding the most conversations turns hot.
-        let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
-        for h in &homes {
-            *count.entry(h.as_str()).or_default() += 1;
-        }
-        let hot = count
-            .iter()
-            .max_by_key(|(_, n)| **n)
-            .map(|(h, _)| h.to_string())
-            .unwrap_or_default();
-        let mine: Vec<usize> = (0..homes.len()).filter(|&i| homes[i] == hot).collect();
+        let (hot, mine) = busiest(&homes);
         ok(ok(lab.backend(&hot)).set_extra_running(6));
         // Its conversations' next turns bring its report back, and stay.
         keep_their_credit(&agent, &lab, &mut histories, &mine, &homes);
-        let mut landed = 0;
-        let mut header_skips = 0u64;
         let fresh = 32;
-        for i in 0..fresh {
-            let mut h = conversation_start(&format!("{label}-new"), i);
-            let r = chat_turn(&agent, &lab, &mut h, "What is this about?");
-            assert!(r.ok(), "new conversation {i}: {r:?}");
-            if r.backend.as_deref() == Some(hot.as_str()) {
-                landed += 1;
-            }
-            header_skips += r
-                .decision
-                .as_deref()
-                .and_then(|d| workload::decision_field(d, "hot_skipped"))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
+        let (landed, header_skips) = open_new_conversations(&agent, &lab, label, &hot, fresh);
         let counter = filter_counter(&lab, &["prefix_router", "cost", "hot_skipped"]);
         eprintln!(
             "{label}: {hot} holds {} of 12 conversations; {landed} of {fresh} new ones landed \
@@ -2062,16 +2081,7 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
         let mut histories: Vec<Vec<serde_json::Value>> =
             (0..12).map(|i| conversation_start(label, i)).collect();
         let homes = two_credited_turns(&agent, &lab, &mut histories);
-        let mut count: std::collections::BTreeMap<&str, usize> = Default::default();
-        for h in &homes {
-            *count.entry(h.as_str()).or_default() += 1;
-        }
-        let hot = count
-            .iter()
-            .max_by_key(|(_, n)| **n)
-            .map(|(h, _)| h.to_string())
-            .unwrap_or_default();
-        let mine: Vec<usize> = (0..homes.len()).filter(|&i| homes[i] == hot).collect();
+        let (hot, mine) = busiest(&homes);
         for b in &lab.backends {
             let n = if b.name == hot { 5 } else { 3 };
             ok(b.set_extra_running(n));
@@ -2079,23 +2089,8 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
         // A few scrapes, and a recent-load average (1 s) that has seen them.
         std::thread::sleep(Duration::from_millis(1500));
         keep_their_credit(&agent, &lab, &mut histories, &mine, &homes);
-        let mut landed = 0;
-        let mut header_skips = 0u64;
         let fresh = 32;
-        for i in 0..fresh {
-            let mut h = conversation_start(&format!("{label}-new"), i);
-            let r = chat_turn(&agent, &lab, &mut h, "What is this about?");
-            assert!(r.ok(), "new conversation {i}: {r:?}");
-            if r.backend.as_deref() == Some(hot.as_str()) {
-                landed += 1;
-            }
-            header_skips += r
-                .decision
-                .as_deref()
-                .and_then(|d| workload::decision_field(d, "hot_skipped"))
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
+        let (landed, header_skips) = open_new_conversations(&agent, &lab, label, &hot, fresh);
         eprintln!(
             "{label}: {hot} holds {} of 12 conversations, their turns stayed; {landed} of \
              {fresh} new ones landed on it (running reported: it 5, the others 3); \
