@@ -966,21 +966,66 @@ mod tests {
         );
     }
 
+    /// The hot-rule tests' fixture: 4 hosts, key 4242, a 12 KB prompt in
+    /// 1 KB strides, `c` 1.25 and a floor of 8, every host eligible.
+    struct HotCase {
+        r: Ring,
+        key: u64,
+        walk: Vec<usize>,
+        chain: Vec<u64>,
+        bound: Bound,
+    }
+
+    impl HotCase {
+        fn new() -> HotCase {
+            let r = ring(4);
+            let key = 4242u64;
+            let walk = r.walk(key).collect();
+            HotCase {
+                r,
+                key,
+                walk,
+                chain: (1..=12).collect(),
+                bound: Bound {
+                    factor: 1.25,
+                    min_capacity: 8.0,
+                },
+            }
+        }
+
+        fn at(
+            &self,
+            index: &PrefixIndex,
+            loads: &[u64],
+            hot: &[bool],
+            p: &CostParams,
+        ) -> CostPlacement {
+            let el = [true; 4];
+            place(
+                &self.r,
+                self.key,
+                loads,
+                &[],
+                &self.bound,
+                &el,
+                hot,
+                &self.chain,
+                12_000,
+                index,
+                0,
+                p,
+            )
+            .unwrap()
+        }
+    }
+
     #[test]
     fn a_hot_host_loses_its_floor_but_keeps_its_conversations() {
         // 4 hosts, 12 requests: the pure bound is ceil(1.25 x 13 / 4) = 5,
         // the floor 8, a hot host's floor 4: its hot bound is 5. The owner A
         // holds 6.
-        let r = ring(4);
-        let key = 4242u64;
-        let walk: Vec<usize> = r.walk(key).collect();
-        let (a, b) = (walk[0], walk[1]);
-        let chain: Vec<u64> = (1..=12).collect();
-        let bound = Bound {
-            factor: 1.25,
-            min_capacity: 8.0,
-        };
-        let el = vec![true; 4];
+        let t = HotCase::new();
+        let (a, b, chain) = (t.walk[0], t.walk[1], &t.chain);
         let mut loads = vec![2u64; 4];
         loads[a] = 6;
         let p = CostParams {
@@ -989,23 +1034,7 @@ mod tests {
         };
         let mut hot = vec![false; 4];
         hot[a] = true;
-        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| {
-            place(
-                &r,
-                key,
-                loads,
-                &[],
-                &bound,
-                &el,
-                hot,
-                &chain,
-                12_000,
-                index,
-                0,
-                &p,
-            )
-            .unwrap()
-        };
+        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| t.at(index, loads, hot, &p);
         // A holds 5 of the prompt's 12 KB (under half).
         let mut some = ix();
         some.observe(a, &chain[..5], 0);
@@ -1040,42 +1069,18 @@ mod tests {
         // 4 hosts, 19 requests: the mean bound is ceil(20 / 4) = 5, the
         // pure bound ceil(1.25 x 20 / 4) = 7, the floor 8. The owner A
         // holds 6.
-        let r = ring(4);
-        let key = 4242u64;
-        let walk: Vec<usize> = r.walk(key).collect();
-        let a = walk[0];
-        let chain: Vec<u64> = (1..=12).collect();
-        let bound = Bound {
-            factor: 1.25,
-            min_capacity: 8.0,
-        };
-        let el = vec![true; 4];
+        let t = HotCase::new();
+        let (a, chain) = (t.walk[0], &t.chain);
         let mut loads = vec![4u64; 4];
         loads[a] = 6;
-        loads[walk[3]] = 5;
+        loads[t.walk[3]] = 5;
         let p = CostParams {
             hot_rule: HotRule::Mean,
             ..CostParams::default()
         };
         let mut hot = vec![false; 4];
         hot[a] = true;
-        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| {
-            place(
-                &r,
-                key,
-                loads,
-                &[],
-                &bound,
-                &el,
-                hot,
-                &chain,
-                12_000,
-                index,
-                0,
-                &p,
-            )
-            .unwrap()
-        };
+        let at = |index: &PrefixIndex, loads: &[u64], hot: &[bool]| t.at(index, loads, hot, &p);
         let mut some = ix();
         some.observe(a, &chain[..5], 0);
         let mut most = ix();
@@ -1125,22 +1130,7 @@ mod tests {
             hot_rule: HotRule::HalfFloor,
             ..CostParams::default()
         };
-        let c = place(
-            &r,
-            key,
-            &full,
-            &[],
-            &bound,
-            &el,
-            &hot,
-            &chain,
-            12_000,
-            &most,
-            0,
-            &half,
-        )
-        .unwrap();
-        assert_eq!(c.host, a);
+        assert_eq!(t.at(&most, &full, &hot, &half).host, a);
     }
 
     #[test]
