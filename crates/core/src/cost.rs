@@ -46,7 +46,9 @@
 //!   host at or over its hot bound `max(ceil(c (L + 1) w / W),
 //!   ceil(min_capacity x HOT_FLOOR_SHARE x w))` (but under its capacity)
 //!   takes only prompts it is credited with at least
-//!   [`HOT_KEEP_FRACTION`] of.
+//!   [`HOT_KEEP_FRACTION`] of; with [`HotRule::Mean`] its hot bound is the
+//!   fleet's mean and, at or over `max(ceil(c (L + 1) w / W),
+//!   ceil(min_capacity x HOT_FLOOR_SHARE x w))`, it takes nothing.
 //! - `candidates = 1` is exactly [`Ring::place`].
 //! - Deterministic: no clock, no randomness, ring order breaks ties.
 //!
