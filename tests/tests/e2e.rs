@@ -1991,7 +1991,8 @@ fn open_new_conversations(
     (landed, header_skips)
 }
 
-// 21. Hot hosts lose the capacity floor (`cost.hot_rule: "half_floor"`, the default before the mean rule): a replica reporting 6 running
+// 21. Hot hosts lose the capacity floor (`cost.hot_rule: "half_floor"`, the default): a replica
+//     reporting 6 running
 //     requests (under the floor of 8, so the bound alone would still take it; over a hot
 //     host's half floor of 4) is hot against an idle fleet. New conversations pass it over (each counted in
 //     `prefix_router.cost.hot_skipped` and the decision header's `hot_skipped=`), while the
@@ -2008,8 +2009,8 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
         let lab = lab(
             label,
             EnvoyMode::PrefixRouter,
-            // The half-floor rule (the default before the mean rule), with ring ties so that
-            // without the rule new conversations go to their ring owner.
+            // The half-floor rule (the default), pinned with ring ties so that without the
+            // rule new conversations go to their ring owner.
             FilterConfig::Patched(json!({"cost": {
                 "hot_window_s": window, "hot_factor": 1.1, "hot_rule": "half_floor", "ties": "ring"
             }})),
