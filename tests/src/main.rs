@@ -5,6 +5,7 @@
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
+//!                         [--cost-patch JSON]
 //! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 //! ```
 //!
@@ -68,6 +69,7 @@ filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
 Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
 
 usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
+                               [--cost-patch JSON]
 
 The cost rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with a
 `doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
@@ -75,7 +77,9 @@ holding most of them busy (a real queue, under the load bound) while the next tu
 old conversation and the first turn of `new` conversations go through Envoy. Runs the bounded
 ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
 side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 7 --queue tokens (cost.queue
-of the cost run: tokens or requests).
+of the cost run: tokens or requests). --cost-patch merges more `cost` fields into the cost run,
+e.g. the balanced mode: '{\"hot_rule\": \"mean\", \"hot_window_s\": 20, \"hot_factor\": 1.12,
+\"ties\": \"load\"}'.
 
 usage: prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 
@@ -430,6 +434,12 @@ fn spike(args: &[String]) -> Result<(), String> {
             "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
             "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
             "--queue" => opts.queue = v.to_string(),
+            "--cost-patch" => {
+                opts.cost_patch = match serde_json::from_str(v) {
+                    Ok(serde_json::Value::Object(m)) => m,
+                    _ => return Err(format!("--cost-patch: not a JSON object: {v}")),
+                }
+            }
             other => return Err(format!("unknown option {other}")),
         }
     }

@@ -57,6 +57,9 @@ pub struct SpikeOptions {
     pub loopers: usize,
     /// `cost.queue`: `"tokens"` (default, the filter's) or `"requests"`.
     pub queue: String,
+    /// Other `cost` fields of the cost run (e.g. the balanced mode's
+    /// `{"hot_rule": "mean", ...}`), merged over the scenario's; empty by default.
+    pub cost_patch: serde_json::Map<String, Value>,
 }
 
 impl Default for SpikeOptions {
@@ -68,6 +71,7 @@ impl Default for SpikeOptions {
             doc_bytes: 64 * 1024,
             loopers: 7,
             queue: "tokens".to_string(),
+            cost_patch: serde_json::Map::new(),
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct SpikeResult {
     pub cost: bool,
     /// `cost.queue` of the run.
     pub queue: String,
+    /// [`SpikeOptions::cost_patch`] of the run.
+    pub cost_patch: serde_json::Map<String, Value>,
     /// The replica that got the queue.
     pub spiked: String,
     /// Replica of each old conversation before the spike.
@@ -145,16 +151,22 @@ fn measured(conversation: usize, r: &RequestRecord) -> Measured {
     }
 }
 
-/// The filter JSON patch of a run.
-pub fn filter_patch(cost: bool, queue: &str) -> Value {
+/// The filter JSON patch of a run: `cost_patch` is merged into `cost`.
+pub fn filter_patch(cost: bool, queue: &str, cost_patch: &serde_json::Map<String, Value>) -> Value {
+    let mut c = json!({
+        "mode": if cost { "on" } else { "off" },
+        "queue": queue,
+        "prefill_tokens_per_s": 32000.0,
+        "service_s": 0.05
+    });
+    if let Some(m) = c.as_object_mut() {
+        for (k, v) in cost_patch {
+            m.insert(k.clone(), v.clone());
+        }
+    }
     json!({
         "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150},
-        "cost": {
-            "mode": if cost { "on" } else { "off" },
-            "queue": queue,
-            "prefill_tokens_per_s": 32000.0,
-            "service_s": 0.05
-        }
+        "cost": c
     })
 }
 
@@ -176,7 +188,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(filter_patch(opts.cost, &opts.queue)),
+            filter: FilterConfig::Patched(filter_patch(opts.cost, &opts.queue, &opts.cost_patch)),
             ..EnvoyOptions::default()
         }),
     })?;
@@ -264,6 +276,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
     Ok(SpikeResult {
         cost: opts.cost,
         queue: opts.queue.clone(),
+        cost_patch: opts.cost_patch.clone(),
         spiked,
         old_homes,
         old,
@@ -303,7 +316,13 @@ pub fn table(ring: &SpikeResult, cost: &SpikeResult) -> String {
     let mut out = String::new();
     let owner_spiked: Vec<bool> = ring.new.iter().map(|m| m.backend == ring.spiked).collect();
     for r in [ring, cost] {
-        let mode = if r.cost {
+        let mode = if r.cost && !r.cost_patch.is_empty() {
+            format!(
+                "cost.mode on (cost.queue {}, {})",
+                r.queue,
+                Value::Object(r.cost_patch.clone())
+            )
+        } else if r.cost {
             format!("cost.mode on (cost.queue {})", r.queue)
         } else {
             "cost.mode off (bounded ring)".to_string()

@@ -1246,6 +1246,10 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
 // 15. The cost rule against a real queue: with a replica kept busy by direct traffic (under
 //     the load bound), conversations cached there stay, new conversations go elsewhere; the
 //     bounded ring alone keeps both there. TTFTs are printed, not asserted (BENCHMARKS.md).
+//     The same holds in the balanced mode (`cost.hot_rule: "mean"`), whose keep bound for a
+//     hot replica's conversations counts only this proxy's own requests there: the spiked
+//     replica is hot (7 requests against a fleet mean of about 2) and its direct clients are
+//     someone else's, priced by the estimate.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() {
@@ -1263,7 +1267,15 @@ fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() 
         queue: "requests".to_string(),
         ..SpikeOptions::default()
     }));
-    for cost in [&requests, &tokens] {
+    let balanced = ok(spike::run(&SpikeOptions {
+        cost_patch:
+            json!({"hot_rule": "mean", "hot_window_s": 20, "hot_factor": 1.12, "ties": "load"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ..SpikeOptions::default()
+    }));
+    for cost in [&requests, &tokens, &balanced] {
         check_spike(&ring, cost);
     }
 }

@@ -580,6 +580,41 @@ pub fn place<I: PrefixLookup + ?Sized>(
     now_ms: u64,
     p: &CostParams,
 ) -> Option<CostPlacement> {
+    place_with_own(
+        ring,
+        key,
+        loads,
+        &[],
+        pending,
+        bound,
+        eligible,
+        hot,
+        chain,
+        prompt_bytes,
+        index,
+        now_ms,
+        p,
+    )
+}
+
+/// [`place`] with this proxy's own in-flight requests per host (`own`,
+/// indexed like the hosts; missing entries: the effective load).
+#[allow(clippy::too_many_arguments)]
+pub fn place_with_own<I: PrefixLookup + ?Sized>(
+    ring: &Ring,
+    key: u64,
+    loads: &[u64],
+    own: &[u64],
+    pending: &[u64],
+    bound: &Bound,
+    eligible: &[bool],
+    hot: &[bool],
+    chain: &[u64],
+    prompt_bytes: u64,
+    index: &I,
+    now_ms: u64,
+    p: &CostParams,
+) -> Option<CostPlacement> {
     let total: u64 = loads.iter().sum();
     let want = p.candidates.max(1) as usize;
     // (host, rank on the walk, held): a hot host at or over its hot bound
@@ -624,7 +659,11 @@ pub fn place<I: PrefixLookup + ?Sized>(
             continue;
         }
         let is_hot = hot.get(h).copied().unwrap_or(false);
-        if is_hot && p.hot_rule == HotRule::Mean && load >= ring.capacity(h, total, &keep_bound) {
+        // The keep bound counts this proxy's own requests at the host (the
+        // queue it did not cause is priced by the estimate instead).
+        let own_load = own.get(h).copied().unwrap_or(load);
+        if is_hot && p.hot_rule == HotRule::Mean && own_load >= ring.capacity(h, total, &keep_bound)
+        {
             hot_skipped += 1;
             continue;
         }
@@ -1133,6 +1172,66 @@ mod tests {
             ..CostParams::default()
         };
         assert_eq!(t.at(&most, &full, &hot, &half).host, a);
+    }
+
+    #[test]
+    fn the_mean_rule_keeps_a_turn_where_the_load_is_someone_elses() {
+        // 4 hosts; the owner A holds 7 requests of 10 in all, 6 of them not
+        // this proxy's (direct clients, another proxy): the pure bound is
+        // ceil(1.25 x 11 / 4) = 4, half the floor 4, the floor 8.
+        let t = HotCase::new();
+        let (a, chain) = (t.walk[0], &t.chain);
+        let mut loads = vec![1u64; 4];
+        loads[a] = 7;
+        let p = CostParams {
+            hot_rule: HotRule::Mean,
+            // Price nothing: the bound alone decides.
+            service_s: 0.0,
+            ..CostParams::default()
+        };
+        let mut hot = vec![false; 4];
+        hot[a] = true;
+        let el = [true; 4];
+        let at = |index: &PrefixIndex, own: &[u64]| {
+            place_with_own(
+                &t.r,
+                t.key,
+                &loads,
+                own,
+                &[],
+                &t.bound,
+                &el,
+                &hot,
+                chain,
+                12_000,
+                index,
+                0,
+                &p,
+            )
+            .unwrap()
+        };
+        let mut most = ix();
+        most.observe(a, &chain[..6], 0);
+        let mut none = ix();
+        none.observe(t.walk[1], &chain[..1], 0);
+        let mut own = vec![1u64; 4];
+        own[a] = 1;
+        // A conversation's next turn stays: this proxy has one request
+        // there, under the keep bound; the other six are priced, not held
+        // against it.
+        let c = at(&most, &own);
+        assert_eq!((c.host, c.cached_bytes, c.hot_skipped), (a, 6_000, 0));
+        // A new prompt is still held to the mean, which counts everyone's.
+        let c = at(&none, &own);
+        assert_ne!(c.host, a);
+        assert_eq!(c.hot_skipped, 1);
+        // When the seven are this proxy's own, the turn goes elsewhere too
+        // (as with `place`, which judges the effective load).
+        own[a] = 7;
+        let c = at(&most, &own);
+        assert_ne!(c.host, a);
+        assert_eq!(c.hot_skipped, 1);
+        assert_eq!(t.at(&most, &loads, &hot, &p).host, c.host);
     }
 
     #[test]

@@ -468,10 +468,14 @@ impl Router {
                     .map_or(0, |l| l.pending_ahead(now_ms, ttl, params))
             })
             .collect();
-        match cost::place(
+        let own: Vec<u64> = (0..eff.len())
+            .map(|i| loads.get(i).map_or(0, |l| l.inflight))
+            .collect();
+        match cost::place_with_own(
             &self.ring,
             key.hash,
             &eff,
+            &own,
             &pending,
             &self.bound(),
             &eligible,
