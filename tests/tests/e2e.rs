@@ -1269,7 +1269,7 @@ fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() 
     }));
     let balanced = ok(spike::run(&SpikeOptions {
         cost_patch:
-            json!({"hot_rule": "mean", "hot_window_s": 20, "hot_factor": 1.12, "ties": "load"})
+            json!({"hot_rule": "mean", "hot_window_s": 20, "hot_factor": 1.12, "inflight_s": 0.1})
                 .as_object()
                 .cloned()
                 .unwrap_or_default(),

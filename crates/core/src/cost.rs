@@ -499,6 +499,20 @@ pub struct CostPlacement {
     pub hot_skipped: u32,
 }
 
+/// The floor (per unit weight) under which [`HotRule::Mean`] keeps a hot
+/// host's conversations: the capacity floor less the fleet's mean load per
+/// unit weight, `min_capacity - (L + 1) / W`, but at least
+/// [`HOT_FLOOR_SHARE`] of the floor. A nearly idle fleet keeps almost the
+/// whole floor; from a mean of half the floor on, half of it.
+pub fn mean_rule_keep_floor(min_capacity: f64, total: u64, total_weight: f64) -> f64 {
+    let mean = if total_weight > 0.0 {
+        (total as f64 + 1.0) / total_weight
+    } else {
+        0.0
+    };
+    (min_capacity * HOT_FLOOR_SHARE).max(min_capacity - mean)
+}
+
 /// Which hosts are hot: eligible hosts whose recent load per unit weight
 /// (`recent[h] / w_h`) is above `factor` x the eligible hosts' mean
 /// (`sum recent / sum w`). None while that mean is 0, or with
@@ -651,7 +665,7 @@ pub fn place_with_own<I: PrefixLookup + ?Sized>(
                 min_capacity: 0.0,
             },
             Bound {
-                min_capacity: bound.min_capacity * HOT_FLOOR_SHARE,
+                min_capacity: mean_rule_keep_floor(bound.min_capacity, total, ring.total_weight()),
                 ..*bound
             },
         ),
@@ -1116,7 +1130,7 @@ mod tests {
     }
 
     #[test]
-    fn the_mean_rule_holds_a_hot_host_to_the_mean_and_its_turns_to_the_pure_bound_or_half_the_floor(
+    fn the_mean_rule_holds_a_hot_host_to_the_mean_and_its_turns_to_the_pure_bound_or_the_receding_floor(
     ) {
         // 4 hosts, 19 requests: the mean bound is ceil(20 / 4) = 5, the
         // pure bound ceil(1.25 x 20 / 4) = 7, the floor 8. The owner A
@@ -1163,10 +1177,11 @@ mod tests {
         light[a] = 4;
         let c = at(&some, &light, &hot);
         assert_eq!((c.host, c.hot_skipped), (a, 0));
-        // In a light fleet the turn stays under half the floor (4) where
-        // the pure bound is lower: A at 3 of 3 in all (pure bound
-        // ceil(1.25 x 4 / 4) = 2, mean 1) keeps its conversation's turn and
-        // takes no new prompt.
+        // In a light fleet the turn stays under the floor less the fleet's
+        // mean (at least half the floor) where the pure bound is lower: A at
+        // 3 of 3 in all (pure bound ceil(1.25 x 4 / 4) = 2, mean 4 / 4 = 1,
+        // so 8 - 1 = 7) keeps its conversation's turn and takes no new
+        // prompt.
         let mut idle = vec![0u64; 4];
         idle[a] = 3;
         let c = at(&most, &idle, &hot);
@@ -1174,8 +1189,25 @@ mod tests {
         let c = at(&some, &idle, &hot);
         assert_eq!(c.hot_skipped, 1);
         assert_ne!(c.host, a);
-        idle[a] = 4;
-        assert_ne!(at(&most, &idle, &hot).host, a);
+        // 6 of 6: ceil(8 - 7 / 4) = 7, kept; 7 of 7: 8 - 8 / 4 = 6, moved.
+        idle[a] = 6;
+        assert_eq!(at(&most, &idle, &hot).host, a);
+        idle[a] = 7;
+        let c = at(&most, &idle, &hot);
+        assert_ne!(c.host, a);
+        assert_eq!(c.hot_skipped, 1);
+        // With the others at 3 the mean is higher and the floor recedes: A
+        // at 4 of 13 (8 - 14 / 4 = 4.5, so 5) keeps the turn, at 5 of 14
+        // (8 - 15 / 4 = 4.25, so 5; the pure bound ceil(1.25 x 15 / 4) = 5)
+        // does not.
+        let mut busy = vec![3u64; 4];
+        busy[a] = 4;
+        assert_eq!(at(&most, &busy, &hot).host, a);
+        busy[a] = 5;
+        assert_ne!(at(&most, &busy, &hot).host, a);
+        assert_eq!(mean_rule_keep_floor(8.0, 14, 4.0), 4.25);
+        assert_eq!(mean_rule_keep_floor(8.0, 40, 4.0), 4.0);
+        assert_eq!(mean_rule_keep_floor(8.0, 0, 0.0), 8.0);
         // The half-floor rule on the same loads keeps the turn up to the
         // floor.
         let half = CostParams {
@@ -1188,8 +1220,8 @@ mod tests {
     #[test]
     fn the_mean_rule_keeps_a_turn_where_the_load_is_someone_elses() {
         // 4 hosts; the owner A holds 7 requests of 10 in all, 6 of them not
-        // this proxy's (direct clients, another proxy): the pure bound is
-        // ceil(1.25 x 11 / 4) = 4, half the floor 4, the floor 8.
+        // this proxy's (direct clients, another proxy): the keep bound is
+        // max(ceil(1.25 x 11 / 4), ceil(8 - 11 / 4)) = 6, the floor 8.
         let t = HotCase::new();
         let (a, chain) = (t.walk[0], &t.chain);
         let mut loads = vec![1u64; 4];
@@ -1291,7 +1323,8 @@ mod tests {
         let total: u64 = loads.iter().sum();
         let walk: Vec<usize> = r.walk(key).collect();
         // Half floor: held at half the floor, kept up to the floor. Mean:
-        // held at the mean, kept under max(pure bound, half the floor).
+        // held at the mean, kept under max(pure bound, the floor less the
+        // fleet's mean, half the floor).
         let half = Bound {
             factor: b.factor,
             min_capacity: b.min_capacity * HOT_FLOOR_SHARE,
@@ -1300,9 +1333,14 @@ mod tests {
             factor: 1.0,
             min_capacity: 0.0,
         };
+        let receding = Bound {
+            factor: b.factor,
+            min_capacity: (b.min_capacity / 2.0)
+                .max(b.min_capacity - (total as f64 + 1.0) / r.hosts() as f64),
+        };
         let (held_at, kept_to) = match p.hot_rule {
             HotRule::HalfFloor => (half, *b),
-            HotRule::Mean => (mean, half),
+            HotRule::Mean => (mean, receding),
         };
         let mut under: Vec<usize> = Vec::new();
         let mut firm = 0;
@@ -1523,11 +1561,16 @@ mod tests {
             // under; and a hot host is held to its hot bound (half the floor,
             // or with the mean rule the fleet's mean), and for a prompt it
             // holds half of to its keep bound (the floor, or with the mean
-            // rule the pure bound or half the floor, whichever is higher).
+            // rule the pure bound or the floor less the fleet's mean, at
+            // least half the floor).
             let total: u64 = loads.iter().sum();
             let half = Bound { factor: c, min_capacity: floor * HOT_FLOOR_SHARE };
             let mean = Bound { factor: 1.0, min_capacity: 0.0 };
-            let (pure, keep) = if mean_rule { (mean, half) } else { (half, bound) };
+            let receding = Bound {
+                factor: c,
+                min_capacity: (floor / 2.0).max(floor - (total as f64 + 1.0) / n as f64),
+            };
+            let (pure, keep) = if mean_rule { (mean, receding) } else { (half, bound) };
             let cap = |h: usize| r.capacity(h, total, if hot[h] { &pure } else { &bound });
             let any_under = (0..n).any(|h| el[h] && loads[h] < cap(h));
             if any_under {

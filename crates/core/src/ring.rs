@@ -106,6 +106,11 @@ impl Ring {
     }
 
     /// Weight of host `h` (0 for an unknown host).
+    /// The sum of the hosts' weights.
+    pub fn total_weight(&self) -> f64 {
+        self.total_weight
+    }
+
     pub fn weight(&self, h: usize) -> f64 {
         self.weights.get(h).copied().unwrap_or(0.0)
     }
