@@ -48,8 +48,8 @@
 //!   takes only prompts it is credited with at least
 //!   [`HOT_KEEP_FRACTION`] of; with [`HotRule::Mean`] its hot bound is the
 //!   fleet's mean and, with this proxy's own requests there at or over
-//!   `max(ceil(c (L + 1) w / W), ceil(min_capacity x HOT_FLOOR_SHARE x
-//!   w))`, it takes nothing.
+//!   `max(ceil(c (L + 1) w / W), ceil(mean_rule_keep_floor x w))`, it
+//!   takes nothing.
 //! - `candidates = 1` is exactly [`Ring::place`].
 //! - Deterministic: no clock, no randomness, ring order breaks ties.
 //!
@@ -177,31 +177,34 @@
 //! ### The mean rule (`cost.hot_rule = "mean"`, opt-in)
 //! [`HotRule::Mean`] holds a hot host harder: to the fleet's mean,
 //! `ceil((L + 1) w / W)`, for a prompt it is credited with less than half
-//! of, and for one it holds at least half of to the pure bound
-//! `ceil(c (L + 1) w / W)` or half its floor, whichever is higher (half
-//! the floor keeps a nearly idle fleet's conversations in place, where the
-//! pure bound is 1 or 2). That keep bound counts this proxy's own
-//! in-flight requests at the host ([`place_with_own`]; with one proxy and
-//! no other traffic the same as its effective load): requests others put
-//! there (direct clients, a spike, other proxies) still count in its
+//! of. For one it holds at least half of (a conversation's next turn) it
+//! keeps the pure bound `ceil(c (L + 1) w / W)` or a receding floor,
+//! whichever is higher: the floor less the fleet's mean load per unit
+//! weight, `min_capacity - (L + 1) / W`, and at least half the floor
+//! ([`mean_rule_keep_floor`]; 7 of 8 in a nearly idle fleet, 4 from a
+//! mean of 4 requests per replica on). A nearly idle fleet so keeps its
+//! conversations in place, where the pure bound is 1 or 2, and a loaded
+//! one holds them to the pure bound. That keep bound counts this proxy's
+//! own in-flight requests at the host ([`place_with_own`]; with one proxy
+//! and no other traffic the same as its effective load): requests others
+//! put there (direct clients, a spike, other proxies) still count in its
 //! capacity, in the mean that holds new prompts and in the estimate's
 //! queue, so a conversation's cached prefix is weighed against that wait
 //! rather than ruled out by it. At or over the keep bound it is passed
 //! over whatever it holds (counted in `hot_skipped`). Hosts that are not
-//! hot keep the floor.
-//! Trade-off (BENCHMARKS "The worst window is a noisy statistic, and the
-//! mean rule"): with `hot_window_s` 20, `hot_factor` 1.12 and
-//! `cost.ties = "load"`, Mooncake load A, one proxy, 48 seeds: worst 60 s
-//! window within 1.25 on all 48 (190 of 192 seed-variants) at Dynamo's
-//! TTFT p90 (the default: 5 of 48, 3.6 % ahead of Dynamo); at load B 9 %
-//! behind the default's p90; in the Envoy demo 98.0-99.0 % of turns on
-//! their conversation's replica against the default's 100 % (97.0-99.7 %
-//! in five runs of the e2e workload). It needs `cost.ties = "load"` for
-//! that window, which several Envoys without the scrape cannot share
-//! (BENCHMARKS "Own requests only").
-//! A replica whose own load (this proxy's requests) is far above the mean
-//! loses its conversations' turns beyond half its floor, where the default
-//! keeps them up to the floor.
+//! hot keep the floor. Cost: O(1) more per candidate.
+//!
+//! Trade-off (BENCHMARKS "A balanced mode with ring ties"): the balanced
+//! mode is this rule with `hot_window_s` 20, `hot_factor` 1.12 and
+//! `cost.inflight_s` 0.1 (each of this proxy's requests at a host adds
+//! 0.1 s to a newcomer's estimate there, so new conversations that tie on
+//! prefill spread by load), ring ties kept. Mooncake load A, one proxy, 48
+//! seeds: worst 60 s window within 1.25 on all 48 (191 of 192
+//! seed-variants), TTFT p90 1.5 % ahead of Dynamo's (the default: 5 of 48,
+//! 3.6 % ahead); at load B 7 % behind the default's p90; issue 2's e2e
+//! workload kept 100 % of turns on their replica in three runs. With two
+//! Envoys and gossip it needs the scrape: without it the demo's hit rate
+//! fell to 34-48 % (the default: 64-72 %).
 //!
 //! ## Ties (`cost.ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
@@ -306,7 +309,7 @@ pub enum HotRule {
     /// The fleet's mean, `ceil((L + 1) w / W)`; a prompt it is credited
     /// with at least half of still goes there while this proxy's own
     /// requests there are under the pure bound `ceil(c (L + 1) w / W)` or
-    /// half its floor, whichever is higher.
+    /// the receding floor ([`mean_rule_keep_floor`]), whichever is higher.
     Mean,
 }
 
