@@ -185,7 +185,7 @@
 //! mean of 4 requests per replica on). A nearly idle fleet so keeps its
 //! conversations in place, where the pure bound is 1 or 2, and a loaded
 //! one holds them to the pure bound. That keep bound counts this proxy's
-//! own in-flight requests at the host ([`place_with_own`]; with one proxy
+//! own in-flight requests at the host ([`place`]; with one proxy
 //! and no other traffic the same as its effective load): requests others
 //! put there (direct clients, a spike, other proxies) still count in its
 //! capacity, in the mean that holds new prompts and in the estimate's
@@ -587,7 +587,9 @@ pub fn pending_with_peers(
 
 /// Choose a host for `key` by estimated TTFT.
 ///
-/// `loads` are effective loads (indexed like the hosts), `pending` each
+/// `loads` are effective loads (indexed like the hosts), `own` this
+/// proxy's own in-flight requests per host (the mean rule's keep bound
+/// counts them; missing entries: the effective load), `pending` each
 /// host's pending prefill tokens (only read with [`QueueMode::Tokens`];
 /// missing entries count 0), `eligible` the
 /// hosts that may be chosen, `chain` the request's strided boundary hashes,
@@ -595,40 +597,6 @@ pub fn pending_with_peers(
 /// eligible.
 #[allow(clippy::too_many_arguments)]
 pub fn place<I: PrefixLookup + ?Sized>(
-    ring: &Ring,
-    key: u64,
-    loads: &[u64],
-    pending: &[u64],
-    bound: &Bound,
-    eligible: &[bool],
-    hot: &[bool],
-    chain: &[u64],
-    prompt_bytes: u64,
-    index: &I,
-    now_ms: u64,
-    p: &CostParams,
-) -> Option<CostPlacement> {
-    place_with_own(
-        ring,
-        key,
-        loads,
-        &[],
-        pending,
-        bound,
-        eligible,
-        hot,
-        chain,
-        prompt_bytes,
-        index,
-        now_ms,
-        p,
-    )
-}
-
-/// [`place`] with this proxy's own in-flight requests per host (`own`,
-/// indexed like the hosts; missing entries: the effective load).
-#[allow(clippy::too_many_arguments)]
-pub fn place_with_own<I: PrefixLookup + ?Sized>(
     ring: &Ring,
     key: u64,
     loads: &[u64],
@@ -813,6 +781,7 @@ mod tests {
             key,
             &loads,
             &[],
+            &[],
             &bound,
             &el,
             &[],
@@ -829,6 +798,7 @@ mod tests {
             &r,
             key,
             &loads,
+            &[],
             &[],
             &bound,
             &el,
@@ -864,6 +834,7 @@ mod tests {
                 &r,
                 key,
                 loads,
+                &[],
                 pending,
                 &bound,
                 &el,
@@ -967,6 +938,7 @@ mod tests {
                 &r,
                 key,
                 &loads,
+                &[],
                 pending,
                 &bound,
                 &el,
@@ -1074,6 +1046,7 @@ mod tests {
                 &self.r,
                 self.key,
                 loads,
+                &[],
                 &[],
                 &self.bound,
                 &el,
@@ -1239,7 +1212,7 @@ mod tests {
         hot[a] = true;
         let el = [true; 4];
         let at = |index: &PrefixIndex, own: &[u64]| {
-            place_with_own(
+            place(
                 &t.r,
                 t.key,
                 &loads,
@@ -1272,7 +1245,7 @@ mod tests {
         assert_ne!(c.host, a);
         assert_eq!(c.hot_skipped, 1);
         // When the seven are this proxy's own, the turn goes elsewhere too
-        // (as with `place`, which judges the effective load).
+        // (as with no `own` counts, which judges the effective load).
         own[a] = 7;
         let c = at(&most, &own);
         assert_ne!(c.host, a);
@@ -1291,6 +1264,7 @@ mod tests {
                 &r,
                 key,
                 &[2; 5],
+                &[],
                 &[],
                 &bound,
                 &el,
@@ -1473,6 +1447,7 @@ mod tests {
                 &r,
                 key,
                 &loads,
+                &[],
                 pending,
                 &bound,
                 &el,
@@ -1509,6 +1484,7 @@ mod tests {
             &r,
             key,
             &busy,
+            &[],
             &pending,
             &tight,
             &el,
@@ -1557,7 +1533,7 @@ mod tests {
             for h in 0..n { index.observe(h, &chain[..held[h]], 0); }
             let cached: Vec<u64> = (0..n).map(|h| held[h] as u64 * 1000).collect();
             let hot = &hot[..n];
-            let got = place(&r, key, loads, pending, &bound, &el, hot, &chain, 5000, &index, 0, &p).unwrap();
+            let got = place(&r, key, loads, &[], pending, &bound, &el, hot, &chain, 5000, &index, 0, &p).unwrap();
             let want = naive(&r, key, loads, pending, &bound, &el, hot, &cached, 5000, &p).unwrap();
             prop_assert_eq!(got.host, want);
             // The bound: never a host at/over capacity when an eligible one is
@@ -1587,7 +1563,7 @@ mod tests {
             // bound but for a prompt it holds at least half of.
             let all_hot = vec![true; n];
             let everyone = vec![true; n];
-            let g = place(&r, key, loads, pending, &bound, &everyone, &all_hot, &chain, 5000, &index, 0, &p).unwrap();
+            let g = place(&r, key, loads, &[], pending, &bound, &everyone, &all_hot, &chain, 5000, &index, 0, &p).unwrap();
             if loads[g.host] >= r.capacity(g.host, total, &pure) {
                 prop_assert!(g.cached_bytes as f64 >= HOT_KEEP_FRACTION * 5000.0);
                 prop_assert!(loads[g.host] < r.capacity(g.host, total, &bound));
@@ -1597,11 +1573,11 @@ mod tests {
                 }
             }
             // Without hot hosts nothing is counted as skipped for heat.
-            let cold = place(&r, key, loads, pending, &bound, &el, &[], &chain, 5000, &index, 0, &p).unwrap();
+            let cold = place(&r, key, loads, &[], pending, &bound, &el, &[], &chain, 5000, &index, 0, &p).unwrap();
             prop_assert_eq!(cold.hot_skipped, 0);
             // One candidate is plain bounded loads.
             let one = CostParams { candidates: 1, ..p };
-            let g1 = place(&r, key, loads, pending, &bound, &el, &[], &chain, 5000, &index, 0, &one).unwrap();
+            let g1 = place(&r, key, loads, &[], pending, &bound, &el, &[], &chain, 5000, &index, 0, &one).unwrap();
             prop_assert_eq!(g1.host, r.place(key, loads, &bound, &el).unwrap().host);
         }
     }

@@ -471,7 +471,7 @@ impl Router {
         let own: Vec<u64> = (0..eff.len())
             .map(|i| loads.get(i).map_or(0, |l| l.inflight))
             .collect();
-        match cost::place_with_own(
+        match cost::place(
             &self.ring,
             key.hash,
             &eff,
