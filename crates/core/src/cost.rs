@@ -203,8 +203,11 @@
 //! seed-variants), TTFT p90 1.5 % ahead of Dynamo's (the default: 5 of 48,
 //! 3.6 % ahead); at load B 7 % behind the default's p90; issue 2's e2e
 //! workload kept 100 % of turns on their replica in three runs. With two
-//! Envoys and gossip it needs the scrape: without it the demo's hit rate
-//! fell to 34-48 % (the default: 64-72 %).
+//! Envoys it needs fresh load reports (the scrape, or a 1 s
+//! `load.report_ttl_ms`): a stale report marks a replica hot, the rule
+//! then sends it no new conversations, and no response comes back to
+//! refresh the report (two-Envoy demo with a 10 s TTL: 34-48 % hit rate,
+//! the default 64-72 %; with a 1 s TTL 75-77 %).
 //!
 //! ## Ties (`cost.ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
