@@ -105,12 +105,12 @@ impl Ring {
         self.weights.len()
     }
 
-    /// Weight of host `h` (0 for an unknown host).
     /// The sum of the hosts' weights.
     pub fn total_weight(&self) -> f64 {
         self.total_weight
     }
 
+    /// Weight of host `h` (0 for an unknown host).
     pub fn weight(&self, h: usize) -> f64 {
         self.weights.get(h).copied().unwrap_or(0.0)
     }

@@ -468,9 +468,15 @@ impl Router {
                     .map_or(0, |l| l.pending_ahead(now_ms, ttl, params))
             })
             .collect();
-        let own: Vec<u64> = (0..eff.len())
-            .map(|i| loads.get(i).map_or(0, |l| l.inflight))
-            .collect();
+        // This proxy's own in-flight counts: only the mean hot rule reads
+        // them (its keep bound), so nothing is collected otherwise.
+        let own: Vec<u64> = if params.hot_rule == cost::HotRule::Mean {
+            (0..eff.len())
+                .map(|i| loads.get(i).map_or(0, |l| l.inflight))
+                .collect()
+        } else {
+            Vec::new()
+        };
         match cost::place(
             &self.ring,
             key.hash,
