@@ -28,6 +28,7 @@
 //! | `load.orca_running_metrics` | `["num_requests_running"]` | ORCA named metrics summed into the reported running count; the bound counts a host's load as `max(this Envoy's in-flight requests, fresh reported waiting + running)`, the fleet's load when several proxies share the replicas; `[]` = none |
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
+//! | `load.report_fade_ms` | 2000 | a report's counts weigh `1 - age / report_fade_ms` (rounded up to whole requests), so a busy report fades as its requests finish instead of steering traffic away from a replica, which then sends no fresh report, for the whole TTL; 0 = full weight until `report_ttl_ms` |
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
 //! | `cost.mode` | `on` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]) with the learned prefix index; `off`: plain bounded loads (the ring owner unless it is at its bound) |
@@ -38,10 +39,10 @@
 //! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
 //! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
 //! | `cost.ties` | `"ring"` | how equal estimates are broken: `"ring"`, the earlier host on the key's walk (the owner first), so every proxy breaks them alike; `"load"`, the lower effective load, then ring order (equal loads still go by the ring). `"load"` spreads new conversations over idle replicas: for one Envoy, or several that gossip and scrape (README "Which mode to run") |
-//! | `cost.inflight_s` | 0 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill); 0 = off. With the default hot rule it evens out request counts but moved turns off their cache in the Envoy demo (BENCHMARKS "The new default"); the balanced mode sets 0.1 (README "Which mode to run") |
-//! | `cost.hot_window_s` | 10 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and is held to a tighter bound until it cools down (`cost.hot_rule`). The floor lets a host with cached prefixes hold more than its share while load is light; this takes most of that back from a host that kept it. 0 = off |
-//! | `cost.hot_factor` | 1.1 | see `cost.hot_window_s`; `>= 1` |
-//! | `cost.hot_rule` | `"half_floor"` | what a hot host is held to. `"half_floor"`: `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` for new prompts, and the full floor for prompts the index credits it with at least half of (a conversation's next turn). `"mean"`: the fleet's mean `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at least half of the pure bound `ceil(c (L + 1) w / W)` or the floor less the fleet's mean `min_capacity - (L + 1) / W` (at least half the floor), whichever is higher, counted in this Envoy's own requests there ([`crate::cost::HotRule`]; README "Which mode to run": the balanced mode) |
+//! | `cost.inflight_s` | 0.1 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill), so new conversations that tie on prefill spread by load; 0 = off (the default before the mean rule; with `half_floor` it moved turns off their cache in the Envoy demo, BENCHMARKS "The new default") |
+//! | `cost.hot_window_s` | 20 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and is held to a tighter bound until it cools down (`cost.hot_rule`). The floor lets a host with cached prefixes hold more than its share while load is light; this takes most of that back from a host that kept it. 0 = off |
+//! | `cost.hot_factor` | 1.12 | see `cost.hot_window_s`; `>= 1` |
+//! | `cost.hot_rule` | `"mean"` | what a hot host is held to. `"mean"`: the fleet's mean `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at least half of the pure bound `ceil(c (L + 1) w / W)` or the floor less the fleet's mean `min_capacity - (L + 1) / W` (at least half the floor), whichever is higher, counted in this Envoy's own requests there ([`crate::cost::HotRule`]). `"half_floor"` (the default before, with `hot_window_s` 10, `hot_factor` 1.1 and `inflight_s` 0): `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` for new prompts, and the full floor for prompts the index credits it with at least half of (a conversation's next turn); README "Which mode to run" |
 //! | `cost.learn_prefill` | false | Envoy filter: learn the prefill rate online from streamed responses (uncached prompt tokens / time to first byte, for requests routed with no known work ahead of them and at least 512 uncached tokens; a moving average of the logarithm with weight 0.2, kept within 8x of `prefill_tokens_per_s`, shared by the workers; gauge `prefix_router.cost.prefill_tps`) and use it instead of `prefill_tokens_per_s` |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
@@ -169,6 +170,8 @@ pub struct RawLoad {
     pub queue_header: Option<String>,
     #[serde(default = "d_ttl")]
     pub report_ttl_ms: u64,
+    #[serde(default = "d_fade")]
+    pub report_fade_ms: u64,
 }
 
 impl Default for RawLoad {
@@ -179,6 +182,7 @@ impl Default for RawLoad {
             orca_running_metrics: d_orca_running_metrics(),
             queue_header: d_queue_header(),
             report_ttl_ms: d_ttl(),
+            report_fade_ms: d_fade(),
         }
     }
 }
@@ -234,7 +238,7 @@ pub struct RawCost {
     pub ties: String,
     #[serde(default)]
     pub learn_prefill: bool,
-    #[serde(default)]
+    #[serde(default = "d_inflight_s")]
     pub inflight_s: f64,
     #[serde(default = "d_hot_window_s")]
     pub hot_window_s: f64,
@@ -265,7 +269,7 @@ impl Default for RawCost {
             stay_margin_s: d_stay_margin_s(),
             ties: d_cost_ties(),
             learn_prefill: false,
-            inflight_s: 0.0,
+            inflight_s: d_inflight_s(),
             hot_window_s: d_hot_window_s(),
             hot_factor: d_hot_factor(),
             hot_rule: d_hot_rule(),
@@ -282,7 +286,10 @@ fn d_cost_queue() -> String {
     "tokens".into()
 }
 fn d_hot_rule() -> String {
-    "half_floor".into()
+    "mean".into()
+}
+fn d_inflight_s() -> f64 {
+    crate::cost::CostParams::default().inflight_s
 }
 fn d_cost_ties() -> String {
     "ring".into()
@@ -764,6 +771,9 @@ fn d_queue_header() -> Option<String> {
 fn d_ttl() -> u64 {
     10_000
 }
+fn d_fade() -> u64 {
+    2_000
+}
 fn d_failures() -> u32 {
     5
 }
@@ -863,6 +873,19 @@ pub struct LoadConfig {
     pub orca_running_metrics: Vec<String>,
     pub queue_header: Option<String>,
     pub report_ttl_ms: u64,
+    /// Reports count linearly less as they age, 0 at this age (0: fully
+    /// until `report_ttl_ms`), [`crate::load::Freshness`].
+    pub report_fade_ms: u64,
+}
+
+impl LoadConfig {
+    /// How reports count as they age.
+    pub fn freshness(&self) -> crate::load::Freshness {
+        crate::load::Freshness {
+            ttl_ms: self.report_ttl_ms,
+            fade_ms: self.report_fade_ms,
+        }
+    }
 }
 
 /// Validated active-scrape settings.
@@ -1125,6 +1148,13 @@ impl RawConfig {
                 "must be 1..=3600000",
             ));
         }
+        if self.load.report_fade_ms > 3_600_000 {
+            return Err(err(
+                "load.report_fade_ms",
+                self.load.report_fade_ms,
+                "must be 0 (off) ..= 3600000",
+            ));
+        }
         if self.health.failure_threshold > 1000 {
             return Err(err(
                 "health.failure_threshold",
@@ -1171,6 +1201,7 @@ impl RawConfig {
                 orca_running_metrics: self.load.orca_running_metrics.clone(),
                 queue_header,
                 report_ttl_ms: self.load.report_ttl_ms,
+                report_fade_ms: self.load.report_fade_ms,
             },
             health: crate::health::HealthConfig {
                 failure_threshold: self.health.failure_threshold,
@@ -1418,9 +1449,11 @@ mod tests {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:8000"}]}"#).unwrap();
         assert_eq!(c.capacity_factor, 1.25);
         assert_eq!(c.min_capacity, 8.0);
-        assert_eq!(c.cost.params.hot_window_s, 10.0);
-        assert_eq!(c.cost.params.hot_factor, 1.1);
-        assert_eq!(c.cost.params.hot_rule, crate::cost::HotRule::HalfFloor);
+        assert_eq!(c.cost.params.hot_window_s, 20.0);
+        assert_eq!(c.cost.params.hot_factor, 1.12);
+        assert_eq!(c.cost.params.hot_rule, crate::cost::HotRule::Mean);
+        assert_eq!(c.cost.params.inflight_s, 0.1);
+        assert_eq!(c.load.report_fade_ms, 2000);
         assert_eq!(c.cost.params.ties, crate::cost::Ties::Ring);
         assert_eq!(c.vnodes, 100);
         assert_eq!(c.chunk_bytes, 64);
@@ -1464,6 +1497,14 @@ mod tests {
         assert_eq!(e.field, "destination_header");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"orca_format":"BIN"}}"#);
         assert_eq!(e.field, "load.orca_format");
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"report_fade_ms":3600001}}"#);
+        assert_eq!(e.field, "load.report_fade_ms");
+        assert!(e.to_string().contains("3600001"), "{e}");
+        let off = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"load":{"report_fade_ms":0}}"#,
+        )
+        .unwrap();
+        assert_eq!(off.load.freshness(), crate::load::Freshness::ttl(10_000));
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"min_capacity":-1}"#);
         assert_eq!(e.field, "min_capacity");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"vnodes":0}"#);

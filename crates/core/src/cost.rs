@@ -306,13 +306,14 @@ pub enum Ties {
 pub enum HotRule {
     /// Half its floor, `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x
     /// w))`; a prompt it is credited with at least half of still goes
-    /// there up to the full floor.
-    #[default]
+    /// there up to the full floor (the default before the mean rule).
     HalfFloor,
     /// The fleet's mean, `ceil((L + 1) w / W)`; a prompt it is credited
     /// with at least half of still goes there while this proxy's own
     /// requests there are under the pure bound `ceil(c (L + 1) w / W)` or
-    /// the receding floor ([`mean_rule_keep_floor`]), whichever is higher.
+    /// the receding floor ([`mean_rule_keep_floor`]), whichever is higher
+    /// (the default).
+    #[default]
     Mean,
 }
 
@@ -341,16 +342,17 @@ pub struct CostParams {
     /// "Ties".
     pub ties: Ties,
     /// Seconds each request this router has in flight at a host adds to a
-    /// newcomer's wait there with [`QueueMode::Tokens`] (default 0: off).
+    /// newcomer's wait there with [`QueueMode::Tokens`] (default 0.1; 0:
+    /// off).
     /// See [`pending_with_report`].
     pub inflight_s: f64,
-    /// Time constant of each host's recent load, seconds (default 10; 0:
+    /// Time constant of each host's recent load, seconds (default 20; 0:
     /// the hot-host rule is off). See "Hot hosts lose the floor".
     pub hot_window_s: f64,
     /// A host whose recent load per unit weight is above this many times
-    /// the fleet's mean is hot (default 1.1).
+    /// the fleet's mean is hot (default 1.12).
     pub hot_factor: f64,
-    /// What a hot host is held to (default [`HotRule::HalfFloor`]).
+    /// What a hot host is held to (default [`HotRule::Mean`]).
     pub hot_rule: HotRule,
 }
 
@@ -364,10 +366,10 @@ impl Default for CostParams {
             queue: QueueMode::Tokens,
             stay_margin_s: 0.1,
             ties: Ties::Ring,
-            inflight_s: 0.0,
-            hot_window_s: 10.0,
-            hot_factor: 1.1,
-            hot_rule: HotRule::HalfFloor,
+            inflight_s: 0.1,
+            hot_window_s: 20.0,
+            hot_factor: 1.12,
+            hot_rule: HotRule::Mean,
         }
     }
 }
@@ -870,7 +872,12 @@ mod tests {
 
     #[test]
     fn reported_queue_counts_in_token_mode() {
-        let p = CostParams::default(); // 0.5 s x 16,000 tok/s = 8,000 tokens a request
+        // 0.5 s x 16,000 tok/s = 8,000 tokens a request; own requests add
+        // nothing (`inflight_s` is checked below).
+        let p = CostParams {
+            inflight_s: 0.0,
+            ..CostParams::default()
+        };
         assert_eq!(pending_with_report(0, 0, 0, &p), 0);
         assert_eq!(pending_with_report(5_000, 2, 0, &p), 5_000);
         // The 2 reported waiting requests are (at most) our own 2 in flight.

@@ -5,7 +5,8 @@
 //! `load_h = inflight_h + others_h` ([`HostLoad::effective`]) where
 //! `inflight_h` counts the requests this proxy (all its worker threads) has
 //! routed to `h` and not yet finished, and `others_h` is what the replica's
-//! last report (if younger than `report_ttl_ms`) counts beyond this proxy's
+//! last report (if younger than `report_ttl_ms`, weighted down by its age
+//! over `report_fade_ms`, [`Freshness`]) counts beyond this proxy's
 //! own requests at the time of the report: waiting + running requests that
 //! other proxies or clients sent ([`HostLoad::others`]). With one proxy and
 //! no other clients this is exactly the in-flight count; with several, the
@@ -54,6 +55,53 @@ pub struct Report {
     pub at_ms: u64,
 }
 
+/// How much a report counts as it ages: fully when it arrives, then
+/// linearly less until `fade_ms` (`load.report_fade_ms`; 0 = no fading),
+/// and not at all past `ttl_ms` (`load.report_ttl_ms`).
+///
+/// A report is a snapshot: the requests it counts finish over the next
+/// second or two, and no new report comes from a replica this proxy stops
+/// sending to. Fading lets a busy report expire at the pace its requests
+/// do, instead of marking a replica busy, and steering traffic away from
+/// it, for the whole TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Freshness {
+    /// Reports older than this count 0.
+    pub ttl_ms: u64,
+    /// Reports count `1 - age / fade_ms` (0 = fully until `ttl_ms`).
+    pub fade_ms: u64,
+}
+
+impl Freshness {
+    /// A step at `ttl_ms`: full weight, then none.
+    pub const fn ttl(ttl_ms: u64) -> Freshness {
+        Freshness { ttl_ms, fade_ms: 0 }
+    }
+
+    /// The weight of a report `age_ms` old, in `0.0..=1.0`.
+    pub fn weight(&self, age_ms: u64) -> f64 {
+        if age_ms > self.ttl_ms {
+            0.0
+        } else if self.fade_ms == 0 {
+            1.0
+        } else {
+            (1.0 - age_ms as f64 / self.fade_ms as f64).max(0.0)
+        }
+    }
+
+    /// A reported count `n` weighted for a report `age_ms` old, rounded up
+    /// to whole requests: `n` itself while fresh, 0 only once faded.
+    pub fn scale(&self, n: u64, age_ms: u64) -> u64 {
+        let w = self.weight(age_ms);
+        if w >= 1.0 {
+            n
+        } else {
+            // `as` saturates; n * w < n.
+            (n as f64 * w).ceil() as u64
+        }
+    }
+}
+
 /// What the router knows about one host.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct HostLoad {
@@ -79,12 +127,14 @@ pub struct HostLoad {
 }
 
 impl HostLoad {
-    /// The fresh reported queue depth (0 without a fresh report).
-    pub fn reported(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+    /// The fresh reported queue depth (0 without a fresh report), weighted
+    /// by the report's age ([`Freshness::weight`]).
+    pub fn reported(&self, now_ms: u64, f: Freshness) -> u64 {
         match self.report {
-            Some(r) if now_ms.saturating_sub(r.at_ms) <= ttl_ms && r.queue.is_finite() => {
-                r.queue.max(0.0).ceil() as u64
-            }
+            Some(r) if r.queue.is_finite() => f.scale(
+                r.queue.max(0.0).ceil() as u64,
+                now_ms.saturating_sub(r.at_ms),
+            ),
             _ => 0,
         }
     }
@@ -93,12 +143,12 @@ impl HostLoad {
     /// token queue: this proxy's pending tokens plus the larger of the
     /// peers' ([`HostLoad::peer_pending_tokens`]) and the fresh report's
     /// other waiting requests ([`crate::cost::pending_with_peers`]).
-    pub fn pending_ahead(&self, now_ms: u64, ttl_ms: u64, p: &crate::cost::CostParams) -> u64 {
+    pub fn pending_ahead(&self, now_ms: u64, f: Freshness, p: &crate::cost::CostParams) -> u64 {
         crate::cost::pending_with_peers(
             self.pending_prefill_tokens,
             self.peer_pending_tokens,
             self.inflight,
-            self.reported(now_ms, ttl_ms),
+            self.reported(now_ms, f),
             p,
         )
     }
@@ -109,12 +159,14 @@ impl HostLoad {
     /// (0 without a fresh report). Subtracting the proxy's own count as of
     /// the report, not as of now, keeps a report that lags behind this
     /// proxy's own requests from counting them twice or after they ended.
-    pub fn others(&self, now_ms: u64, ttl_ms: u64) -> u64 {
+    /// Weighted by the report's age ([`Freshness::weight`]).
+    pub fn others(&self, now_ms: u64, f: Freshness) -> u64 {
         match self.report {
-            Some(r) if now_ms.saturating_sub(r.at_ms) <= ttl_ms => {
+            Some(r) => {
                 let t = r.queue.max(0.0) + r.running.max(0.0);
                 // `as` saturates (and maps NaN to 0).
-                (t.ceil() as u64).saturating_sub(r.own)
+                let others = (t.ceil() as u64).saturating_sub(r.own);
+                f.scale(others, now_ms.saturating_sub(r.at_ms))
             }
             _ => 0,
         }
@@ -123,8 +175,8 @@ impl HostLoad {
     /// The load the bound counts: this proxy's in-flight requests plus
     /// [`HostLoad::others`] (with one proxy and no other clients, exactly
     /// its in-flight count; with several, the fleet's).
-    pub fn effective(&self, now_ms: u64, ttl_ms: u64) -> u64 {
-        self.inflight.saturating_add(self.others(now_ms, ttl_ms))
+    pub fn effective(&self, now_ms: u64, f: Freshness) -> u64 {
+        self.inflight.saturating_add(self.others(now_ms, f))
     }
 }
 
@@ -565,27 +617,69 @@ mod tests {
         // 9.2 waiting reported while this proxy had nothing there: all
         // someone else's, on top of the 2 now in flight.
         let l = reported(2, 9.2, 0.0, 0, 1000);
-        assert_eq!(l.others(1500, 1000), 10);
-        assert_eq!(l.effective(1500, 1000), 12);
-        assert_eq!(l.effective(2001, 1000), 2);
+        assert_eq!(l.others(1500, Freshness::ttl(1000)), 10);
+        assert_eq!(l.effective(1500, Freshness::ttl(1000)), 12);
+        assert_eq!(l.effective(2001, Freshness::ttl(1000)), 2);
         // The replica counted 1 of this proxy's requests, and the 5 now in
         // flight include it: nobody else's.
         let own = reported(5, 1.0, 0.0, 5, 0);
-        assert_eq!(own.effective(0, 10), 5);
+        assert_eq!(own.effective(0, Freshness::ttl(10)), 5);
         // Running requests count in the bound's load (the fleet's view with
         // several proxies), not in the reported queue; this proxy's own 3
         // at report time are not counted twice, and a report taken while 3
         // of its requests ran does not keep counting them after they ended.
         let fleet = reported(1, 2.0, 6.5, 3, 0);
-        assert_eq!(fleet.reported(0, 10), 2);
-        assert_eq!(fleet.others(0, 10), 6);
-        assert_eq!(fleet.effective(0, 10), 7);
-        assert_eq!(fleet.effective(11, 10), 1);
+        assert_eq!(fleet.reported(0, Freshness::ttl(10)), 2);
+        assert_eq!(fleet.others(0, Freshness::ttl(10)), 6);
+        assert_eq!(fleet.effective(0, Freshness::ttl(10)), 7);
+        assert_eq!(fleet.effective(11, Freshness::ttl(10)), 1);
         let stale = reported(0, 0.0, 3.0, 3, 0);
-        assert_eq!(stale.effective(5, 10), 0);
+        assert_eq!(stale.effective(5, Freshness::ttl(10)), 0);
         // Garbage never overflows.
         let huge = reported(u64::MAX, f64::INFINITY, f64::NAN, 0, 0);
-        assert_eq!(huge.effective(0, 10), u64::MAX);
+        assert_eq!(huge.effective(0, Freshness::ttl(10)), u64::MAX);
+    }
+
+    #[test]
+    fn reports_fade_with_age() {
+        let f = Freshness {
+            ttl_ms: 10_000,
+            fade_ms: 2_000,
+        };
+        assert_eq!(f.weight(0), 1.0);
+        assert_eq!(f.weight(500), 0.75);
+        assert_eq!(f.weight(2_000), 0.0);
+        assert_eq!(f.weight(5_000), 0.0);
+        // Without fading, full weight up to the TTL and none after it.
+        assert_eq!(Freshness::ttl(1_000).weight(1_000), 1.0);
+        assert_eq!(Freshness::ttl(1_000).weight(1_001), 0.0);
+        // A fade longer than the TTL still stops at the TTL.
+        let long = Freshness {
+            ttl_ms: 1_000,
+            fade_ms: 4_000,
+        };
+        assert_eq!(long.weight(1_000), 0.75);
+        assert_eq!(long.weight(1_001), 0.0);
+        // 3 waiting + 5 running reported with 2 of this proxy's requests in
+        // the replica: 6 others' while fresh, then fewer as they finish.
+        let l = reported(4, 3.0, 5.0, 2, 1_000);
+        assert_eq!(l.others(1_000, f), 6);
+        assert_eq!(l.reported(1_000, f), 3);
+        assert_eq!(l.effective(1_000, f), 10);
+        assert_eq!(l.others(1_500, f), 5); // 6 x 0.75 = 4.5, rounded up
+        assert_eq!(l.reported(1_500, f), 3); // 3 x 0.75 = 2.25
+        assert_eq!(l.others(2_000, f), 3);
+        assert_eq!(l.others(2_700, f), 1); // 6 x 0.15 = 0.9
+        assert_eq!(l.reported(2_900, f), 1); // 3 x 0.05 = 0.15
+        assert_eq!(l.reported(2_999, f), 1);
+        assert_eq!(l.reported(3_000, f), 0);
+        // Faded out: only this proxy's own requests count.
+        assert_eq!(l.effective(3_000, f), 4);
+        // A report from the future (clock skew between workers) is fresh.
+        assert_eq!(l.others(0, f), 6);
+        // Huge counts saturate instead of wrapping.
+        assert_eq!(f.scale(u64::MAX, 0), u64::MAX);
+        assert!(f.scale(u64::MAX, 1_000) > 0);
     }
 
     #[test]
@@ -621,8 +715,8 @@ mod tests {
         record_report(&s, "d", 1.0, 4.0, 9).unwrap();
         let d = read_load(&s, "d").unwrap();
         assert_eq!(d.report.map(|r| r.own), Some(3));
-        assert_eq!(d.others(9, 10), 2);
-        assert_eq!(d.effective(9, 10), 5);
+        assert_eq!(d.others(9, Freshness::ttl(10)), 2);
+        assert_eq!(d.effective(9, Freshness::ttl(10)), 5);
         // A value written before the running count existed (16 bytes).
         let mut old = [0u8; 16];
         old[..8].copy_from_slice(&2.0f64.to_le_bytes());

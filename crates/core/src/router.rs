@@ -385,7 +385,7 @@ impl Router {
     /// every host is ejected).
     /// Each configured host's effective load at `now_ms` (missing: 0).
     fn effective(&self, loads: &[HostLoad], now_ms: u64) -> Vec<u64> {
-        let ttl = self.cfg.load.report_ttl_ms;
+        let ttl = self.cfg.load.freshness();
         (0..self.cfg.hosts.len())
             .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, ttl)))
             .collect()
@@ -460,7 +460,7 @@ impl Router {
         } else {
             Vec::new()
         };
-        let ttl = self.cfg.load.report_ttl_ms;
+        let ttl = self.cfg.load.freshness();
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
                 loads

@@ -300,7 +300,7 @@ impl Http {
             }
             if cost_on && cfg.cost.learn_prefill {
                 if let Some(l) = loads.get(idx) {
-                    let ttl = cfg.load.report_ttl_ms;
+                    let ttl = cfg.load.freshness();
                     // Work ahead of this request there: pending prefill
                     // tokens and others' waiting requests (tokens mode), or
                     // any request of ours in flight (requests mode, which

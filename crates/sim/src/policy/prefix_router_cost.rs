@@ -21,10 +21,11 @@
 //! of the KV cache, 1),
 //! `max_entries` (65536), `queue` (`tokens` | `requests`, see
 //! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
-//! `inflight_s` (`cost.inflight_s`, 0), `hot_window_s` and `hot_factor`
-//! (`cost.hot_window_s`, 10, and `cost.hot_factor`, 1.1: the hot-host rule,
+//! `inflight_s` (`cost.inflight_s`, 0.1), `hot_window_s` and `hot_factor`
+//! (`cost.hot_window_s`, 20, and `cost.hot_factor`, 1.12: the hot-host rule,
 //! each proxy keeping its own `LoadTrend` of the loads it sees, as each
-//! filter VM does), `hot_rule` (`cost.hot_rule`, `half_floor` | `mean`), `learn=1` (`cost.learn_prefill`:
+//! filter VM does), `hot_rule` (`cost.hot_rule`, `mean` | `half_floor`;
+//! the earlier default is `hot_rule=half_floor,hot_window_s=10,hot_factor=1.1,inflight_s=0`), `learn=1` (`cost.learn_prefill`:
 //! learn the prefill rate from each request's time to first token with
 //! the core's `learn_prefill_rate`, as the filter does from streamed
 //! responses; JSON `learned_prefill_tps`), `gossip_ms=D` (index gossip,
@@ -404,7 +405,7 @@ impl Policy for PrefixRouterCost {
             }
             if self.learned_tps.is_some() {
                 // Work known ahead of it at its host, as the filter counts it.
-                let ttl = self.router.config().load.report_ttl_ms;
+                let ttl = self.router.config().load.freshness();
                 let ahead = self
                     .loads
                     .get(choice.host)
