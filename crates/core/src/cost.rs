@@ -123,91 +123,90 @@
 //! few milliseconds and pays that later cost. So the candidate with the
 //! longest credited prefix (the earliest on the walk among equals) keeps
 //! the request unless another candidate is estimated more than
-//! `stay_margin_s` faster; 0 is the plain argmin. The bound is untouched
+//! `stay_margin_s` faster; 0 is the plain argmin. That comparison leaves
+//! out `cost.inflight_s`'s term (this proxy's own requests decoding at a
+//! host): it spreads requests that tie on prefill, and is no reason to
+//! leave a cache (with it in, the Envoy demo kept 87-92 % of turns on their
+//! replica instead of 100 %). The bound is untouched
 //! (only candidates under capacity are considered). Measured in Envoy on
 //! the demo's document chat, side by side in one run (seed 3, BENCHMARKS
 //! "Envoy lab"): argmin kept 94.0 % of turns on their conversation's
 //! replica at a 75.2 % hit rate and TTFT p90 148 ms; the 0.1 s margin kept
 //! 100 % at 81.4 % and 133 ms.
 //!
-//! ## Hot hosts lose the floor (`cost.hot_window_s`, `cost.hot_factor`)
+//! ## Hot hosts (`cost.hot_window_s`, `cost.hot_factor`, `cost.hot_rule`)
 //! The capacity floor (`min_capacity`, default 8) lets a host hold up to 8
 //! requests whatever the fleet's load, so that at light load a replica
 //! with cached conversations is never "full" after two or three requests.
 //! At a few requests per replica on average that also lets requests pile up
 //! where the cost rule finds short prefill queues (a replica busy decoding
 //! long answers has no prefill ahead and looks free), and one replica can
-//! hold 1.3-1.6x the mean for a minute (BENCHMARKS, "Hot hosts lose the
+//! hold 1.3-1.75x the mean for a minute (BENCHMARKS, "Hot hosts lose the
 //! floor").
 //!
 //! So each proxy keeps every host's recent load: an exponential moving
 //! average of its effective load with time constant `hot_window_s`
-//! (default 10 s; [`crate::load::LoadTrend`], sampled at each decision). A
+//! (default 20 s; [`crate::load::LoadTrend`], sampled at each decision). A
 //! host whose recent load per unit weight is above `hot_factor` (default
-//! 1.1) x the mean of the eligible hosts ([`hot_hosts`]) is hot, and a hot
-//! host keeps only half its floor ([`HOT_FLOOR_SHARE`]): its hot bound is
-//! `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))`, 4 requests
-//! by default. At or over it, it is passed over (counted in
-//! `hot_skipped`), unless the index credits
-//! it with at least half of the prompt ([`HOT_KEEP_FRACTION`]): the next
-//! turn of a conversation it holds stays, up to the floor, because moving
-//! it costs a whole prefill; a new conversation goes elsewhere. A held host
-//! does not count towards `candidates`. Half the floor, not none: in a
-//! nearly idle fleet a host serving one request is already above the
-//! mean, and its pure bound there is 1 or 2, so without a remaining floor
-//! the rule would make light traffic least-loaded and move keys off their
-//! ring owner (and different proxies, seeing different in-flight counts,
-//! would disagree). At 3 or more requests per replica the pure bound is
-//! above 4 and decides.
+//! 1.12) x the mean of the eligible hosts ([`hot_hosts`]) is hot, and is
+//! held to a tighter bound ([`HotRule`]). At or over it, it is passed over
+//! (counted in `hot_skipped`). A held host does not count towards
+//! `candidates`. Hosts that are not hot keep the floor.
 //!
-//! - Fleet-consistent: the recent loads are averages of effective loads,
-//!   which include the replicas' reports, so proxies agree on which hosts
-//!   are hot (a per-proxy penalty on its own counts was tried and split
-//!   shared prefixes between proxies: BENCHMARKS).
-//! - Cost: O(hosts) per decision for the average and the mean.
-//! - Trade-off (BENCHMARKS, "Hot hosts lose the floor", six seeds): at
-//!   issue 4's Mooncake load A it brings the worst 60 s window from
-//!   1.31-1.42 (one proxy) and 1.37-1.75 (four) down to 1.25-1.35 and
-//!   1.21-1.30, and load B's to 1.16-1.26; it costs TTFT p90 up to 6 % at
-//!   load A with one proxy and, with four proxies, some hit rate (a proxy
-//!   that has not seen a conversation does not know the hot host holds it).
-//!   It does not reach 1.25 on every seed: the pure bound itself allows
-//!   `ceil(1.25 x 33 / 8) = 6` requests against a mean of 4.
-//!
-//! ### The mean rule (`cost.hot_rule = "mean"`, opt-in)
-//! [`HotRule::Mean`] holds a hot host harder: to the fleet's mean,
+//! ### The mean rule (`cost.hot_rule = "mean"`, the default)
+//! [`HotRule::Mean`] holds a hot host to the fleet's mean,
 //! `ceil((L + 1) w / W)`, for a prompt it is credited with less than half
-//! of. For one it holds at least half of (a conversation's next turn) it
-//! keeps the pure bound `ceil(c (L + 1) w / W)` or a receding floor,
-//! whichever is higher: the floor less the fleet's mean load per unit
-//! weight, `min_capacity - (L + 1) / W`, and at least half the floor
+//! of ([`HOT_KEEP_FRACTION`]): a new conversation goes elsewhere. For one
+//! it holds at least half of (a conversation's next turn, which would
+//! cost a whole prefill elsewhere) it keeps the pure bound
+//! `ceil(c (L + 1) w / W)` or a receding floor, whichever is higher: the
+//! floor less the fleet's mean load per unit weight,
+//! `min_capacity - (L + 1) / W`, and at least half the floor
 //! ([`mean_rule_keep_floor`]; 7 of 8 in a nearly idle fleet, 4 from a
 //! mean of 4 requests per replica on). A nearly idle fleet so keeps its
 //! conversations in place, where the pure bound is 1 or 2, and a loaded
 //! one holds them to the pure bound. That keep bound counts this proxy's
-//! own in-flight requests at the host ([`place`]; with one proxy
-//! and no other traffic the same as its effective load): requests others
-//! put there (direct clients, a spike, other proxies) still count in its
+//! own in-flight requests at the host ([`place`]; with one proxy and no
+//! other traffic the same as its effective load): requests others put
+//! there (direct clients, a spike, other proxies) still count in its
 //! capacity, in the mean that holds new prompts and in the estimate's
 //! queue, so a conversation's cached prefix is weighed against that wait
-//! rather than ruled out by it. At or over the keep bound it is passed
-//! over whatever it holds (counted in `hot_skipped`). Hosts that are not
-//! hot keep the floor. Cost: O(1) more per candidate.
+//! rather than ruled out by it. Cost: O(1) more per candidate.
 //!
-//! Trade-off (BENCHMARKS "A balanced mode with ring ties"): the balanced
-//! mode is this rule with `hot_window_s` 20, `hot_factor` 1.12 and
-//! `cost.inflight_s` 0.1 (each of this proxy's requests at a host adds
-//! 0.1 s to a newcomer's estimate there, so new conversations that tie on
-//! prefill spread by load), ring ties kept. Mooncake load A, one proxy, 48
-//! seeds: worst 60 s window within 1.25 on all 48 (191 of 192
-//! seed-variants), TTFT p90 1.5 % ahead of Dynamo's (the default: 5 of 48,
-//! 3.6 % ahead); at load B 7 % behind the default's p90; issue 2's e2e
-//! workload kept 100 % of turns on their replica in three runs. With two
-//! Envoys it needs fresh load reports (the scrape, or a 1 s
-//! `load.report_ttl_ms`): a stale report marks a replica hot, the rule
-//! then sends it no new conversations, and no response comes back to
-//! refresh the report (two-Envoy demo with a 10 s TTL: 34-48 % hit rate,
-//! the default 64-72 %; with a 1 s TTL 75-77 %).
+//! With it the defaults set `cost.inflight_s` to 0.1: each of this
+//! proxy's requests at a host adds 0.1 s to a newcomer's estimate there,
+//! so new conversations that tie on prefill spread by load; ties still go
+//! to ring order.
+//!
+//! ### The half-floor rule (`cost.hot_rule = "half_floor"`)
+//! [`HotRule::HalfFloor`], the default before (with `hot_window_s` 10,
+//! `hot_factor` 1.1, `inflight_s` 0), keeps a hot host half its floor
+//! ([`HOT_FLOOR_SHARE`]): `max(ceil(c (L + 1) w / W), ceil(min_capacity /
+//! 2 x w))`, 4 requests by default, and the full floor for prompts the
+//! index credits it with at least half of. Half the floor, not none: in a
+//! nearly idle fleet a host serving one request is already above the
+//! mean, and its pure bound there is 1 or 2, so without a remaining floor
+//! the rule would make light traffic least-loaded and move keys off their
+//! ring owner. At 3 or more requests per replica the pure bound is above 4
+//! and decides.
+//!
+//! - Fleet-consistent: the recent loads are averages of effective loads,
+//!   which include the replicas' reports, so proxies agree on which hosts
+//!   are hot (a per-proxy penalty on its own counts was tried and split
+//!   shared prefixes between proxies: BENCHMARKS). Reports fade with age
+//!   (`load.report_fade_ms`, [`crate::load::Freshness`]): a stale busy
+//!   report would otherwise mark a replica hot, the mean rule would send
+//!   it no new conversations, and no response would come back to refresh
+//!   the report (two Envoys with the demo's 10 s TTL and no fading:
+//!   34-48 % hit rate).
+//! - Cost: O(hosts) per decision for the average and the mean.
+//! - Trade-off (BENCHMARKS "The mean rule becomes the default"): Mooncake,
+//!   one proxy, side by side. Load A (48 seeds): the mean rule's worst
+//!   60 s window is within 1.25 on 48 of 48 seeds (1.162-1.248), TTFT p90
+//!   2.142 s; `half_floor` 5 of 48 (1.212-1.355), 2.095 s; Dynamo 0 of 48,
+//!   2.174 s. Load B (24 seeds): 24 of 24, 2.896 s; `half_floor` 22 of 24,
+//!   2.708 s; Dynamo 0 of 24, 2.690 s. So the mean rule buys the fleet-wide
+//!   bound with 2-7 % of p90 at one proxy's high load.
 //!
 //! ## Ties (`cost.ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
@@ -379,6 +378,20 @@ impl CostParams {
     pub fn ttft_s(&self, load: u64, prompt_bytes: u64, cached_bytes: u64) -> f64 {
         let uncached = prompt_bytes.saturating_sub(cached_bytes) as f64 / self.bytes_per_token;
         load as f64 * self.service_s + uncached / self.prefill_tokens_per_s
+    }
+
+    /// The part of [`CostParams::wait_s`] that `cost.inflight_s` adds for
+    /// `own` requests of this router in flight at a host (what
+    /// [`pending_with_peers`] adds, in seconds; 0 with
+    /// [`QueueMode::Requests`]).
+    pub fn inflight_wait_s(&self, own: u64) -> f64 {
+        match self.queue {
+            QueueMode::Requests => 0.0,
+            QueueMode::Tokens => {
+                let per_own = (self.inflight_s * self.prefill_tokens_per_s).max(0.0);
+                ((own as f64 * per_own) as u64) as f64 / self.prefill_tokens_per_s
+            }
+        }
     }
 
     /// Queue wait ahead of a new request: `load * service_s`, or with
@@ -554,9 +567,10 @@ pub fn hot_hosts(ring: &Ring, recent: &[f64], eligible: &[bool], p: &CostParams)
 /// (`service_s x prefill_tokens_per_s` tokens), the reported waiting
 /// requests beyond this router's own in-flight requests at the host (those
 /// are someone else's), plus `inflight_s x prefill_tokens_per_s` tokens for
-/// each of this router's own requests in flight there (0 by default; an
-/// experiment for decode steps interleaved with a newcomer's prefill, see
-/// BENCHMARKS "The new default"). Saturates instead of overflowing.
+/// each of this router's own requests in flight there (`cost.inflight_s`,
+/// default 0.1: decode steps interleaved with a newcomer's prefill; see
+/// [`place`] for how the stay rule leaves it out). Saturates instead of
+/// overflowing.
 pub fn pending_with_report(
     own_tokens: u64,
     own_inflight: u64,
@@ -698,12 +712,17 @@ pub fn place<I: PrefixLookup + ?Sized>(
         });
     }
     let mut best: Option<CostPlacement> = None;
-    // The candidate with the longest cached prefix (earliest on ties).
-    let mut home: Option<CostPlacement> = None;
+    // The candidate with the longest cached prefix (earliest on ties), and
+    // its estimate without the `inflight_s` term.
+    let mut home: Option<(CostPlacement, f64)> = None;
+    let mut best_base = f64::NAN;
     for (i, &(h, rank, c)) in kept.iter().enumerate() {
         let load = loads.get(h).copied().unwrap_or(0);
         let waiting = pending.get(h).copied().unwrap_or(0);
         let t = p.estimate_s(load, waiting, prompt_bytes, c);
+        // `inflight_s` spreads requests that tie, never moves one off its
+        // cache: the stay rule below compares estimates without it.
+        let base = t - p.inflight_wait_s(own.get(h).copied().unwrap_or(0));
         let here = CostPlacement {
             host: h,
             rank,
@@ -720,13 +739,16 @@ pub fn place<I: PrefixLookup + ?Sized>(
         };
         if best.as_ref().is_none_or(better) {
             best = Some(here);
+            best_base = base;
         }
-        if c > 0 && home.is_none_or(|m| c > m.cached_bytes) {
-            home = Some(here);
+        if c > 0 && home.is_none_or(|(m, _)| c > m.cached_bytes) {
+            home = Some((here, base));
         }
     }
     match (best, home) {
-        (Some(b), Some(m)) if m.ttft_s <= b.ttft_s + p.stay_margin_s + EPSILON_S => Some(m),
+        (Some(_), Some((m, m_base))) if m_base <= best_base + p.stay_margin_s + EPSILON_S => {
+            Some(m)
+        }
         _ => best,
     }
 }
@@ -1261,6 +1283,99 @@ mod tests {
         assert_ne!(c.host, a);
         assert_eq!(c.hot_skipped, 1);
         assert_eq!(t.at(&most, &loads, &hot, &p).host, c.host);
+    }
+
+    #[test]
+    fn inflight_s_spreads_ties_but_never_moves_a_cached_turn() {
+        // 4 hosts, no hot host, 48 KB prompts (12,000 tokens, 0.75 s of
+        // prefill). The owner A has 8 of this proxy's requests in flight,
+        // the others none: with `inflight_s` 0.1 that is 0.8 s in A's
+        // estimate, as the router adds it to the pending tokens.
+        let r = ring(4);
+        let key = 99u64;
+        let walk: Vec<usize> = r.walk(key).collect();
+        let a = walk[0];
+        let chain: Vec<u64> = (1..=48).collect();
+        let p = CostParams {
+            candidates: 4,
+            ..CostParams::default()
+        };
+        assert!((p.inflight_wait_s(8) - 0.8).abs() < 1e-9);
+        let mut own = vec![0u64; 4];
+        own[a] = 8;
+        let loads = own.clone();
+        let pending_at = |extra: u64| -> Vec<u64> {
+            (0..4)
+                .map(|h| pending_with_report(if h == a { extra } else { 0 }, own[h], 0, &p))
+                .collect()
+        };
+        let bound = Bound {
+            factor: 1.25,
+            min_capacity: 16.0,
+        };
+        let at = |index: &PrefixIndex, pending: &[u64]| {
+            place(
+                &r,
+                key,
+                &loads,
+                &own,
+                pending,
+                &bound,
+                &[true; 4],
+                &[false; 4],
+                &chain,
+                48_000,
+                index,
+                0,
+                &p,
+            )
+            .unwrap()
+        };
+        // A holds 40 KB of the prompt: 0.125 s of prefill + 0.8 s there
+        // against 0.75 s elsewhere. Its own requests decoding there do
+        // not move the turn off its cache.
+        let mut held = ix();
+        held.observe(a, &chain[..40], 0);
+        let c = at(&held, &pending_at(0));
+        assert_eq!((c.host, c.cached_bytes), (a, 40_000));
+        assert!((c.ttft_s - 0.925).abs() < 1e-9, "{}", c.ttft_s);
+        // A new prompt (nobody holds it) goes to a host with fewer requests
+        // of this proxy in flight, not to its ring owner.
+        let c = at(&ix(), &pending_at(0));
+        assert_ne!(c.host, a);
+        assert!(c.moved);
+        // Real prefill queued at A still counts: with 0.5 s of it the turn
+        // stays (0.625 s without the in-flight term, against 0.75 s + the
+        // 0.1 s margin), with 1 s of it (1.125 s) it moves.
+        let c = at(&held, &pending_at(8_000));
+        assert_eq!((c.host, c.cached_bytes), (a, 40_000));
+        let c = at(&held, &pending_at(16_000));
+        assert_ne!(c.host, a);
+        // With `inflight_s` 0 a new prompt goes to the ring owner.
+        let q = CostParams {
+            inflight_s: 0.0,
+            ..p
+        };
+        let pending: Vec<u64> = (0..4)
+            .map(|h| pending_with_report(0, own[h], 0, &q))
+            .collect();
+        let c = place(
+            &r,
+            key,
+            &loads,
+            &own,
+            &pending,
+            &bound,
+            &[true; 4],
+            &[false; 4],
+            &chain,
+            48_000,
+            &ix(),
+            0,
+            &q,
+        )
+        .unwrap();
+        assert_eq!(c.host, a);
     }
 
     #[test]

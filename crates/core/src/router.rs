@@ -468,9 +468,10 @@ impl Router {
                     .map_or(0, |l| l.pending_ahead(now_ms, ttl, params))
             })
             .collect();
-        // This proxy's own in-flight counts: only the mean hot rule reads
-        // them (its keep bound), so nothing is collected otherwise.
-        let own: Vec<u64> = if params.hot_rule == cost::HotRule::Mean {
+        // This proxy's own in-flight counts: only the mean hot rule (its
+        // keep bound) and `inflight_s` (the stay rule leaves its term out)
+        // read them, so nothing is collected otherwise.
+        let own: Vec<u64> = if params.hot_rule == cost::HotRule::Mean || params.inflight_s > 0.0 {
             (0..eff.len())
                 .map(|i| loads.get(i).map_or(0, |l| l.inflight))
                 .collect()
