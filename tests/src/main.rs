@@ -78,8 +78,8 @@ old conversation and the first turn of `new` conversations go through Envoy. Run
 ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
 side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 7 --queue tokens (cost.queue
 of the cost run: tokens or requests). --cost-patch merges more `cost` fields into the cost run,
-e.g. the balanced mode: '{\"hot_rule\": \"mean\", \"hot_window_s\": 20, \"hot_factor\": 1.12,
-\"inflight_s\": 0.1}'.
+e.g. the earlier default hot rule: '{\"hot_rule\": \"half_floor\", \"hot_window_s\": 10,
+\"hot_factor\": 1.1, \"inflight_s\": 0}'.
 
 usage: prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 

@@ -57,8 +57,9 @@ pub struct SpikeOptions {
     pub loopers: usize,
     /// `cost.queue`: `"tokens"` (default, the filter's) or `"requests"`.
     pub queue: String,
-    /// Other `cost` fields of the cost run (e.g. the balanced mode's
-    /// `{"hot_rule": "mean", ...}`), merged over the scenario's; empty by default.
+    /// Other `cost` fields of the cost run (e.g. the earlier default's
+    /// `{"hot_rule": "half_floor", ...}`), merged over the scenario's; empty by
+    /// default.
     pub cost_patch: serde_json::Map<String, Value>,
 }
 
