@@ -2315,7 +2315,12 @@ fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
             }
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Patched(json!({ "gossip": g })),
+                // The hot-host rule off (and no in-flight term): under the default mean
+                // rule a replica serving one request in an idle fleet is hot, and B would
+                // pass it over from A's report alone; here only load gossip may steer B.
+                filter: FilterConfig::Patched(json!({
+                    "gossip": g, "cost": {"hot_window_s": 0, "inflight_s": 0}
+                })),
                 listener_port: Some(me),
                 peers: vec![peer(other)],
                 ..EnvoyOptions::default()

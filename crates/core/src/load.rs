@@ -55,15 +55,17 @@ pub struct Report {
     pub at_ms: u64,
 }
 
-/// How much a report counts as it ages: fully when it arrives, then
-/// linearly less until `fade_ms` (`load.report_fade_ms`; 0 = no fading),
-/// and not at all past `ttl_ms` (`load.report_ttl_ms`).
+/// How much a report's waiting count counts as it ages: fully when it
+/// arrives, then linearly less until `fade_ms` (`load.report_fade_ms`;
+/// 0 = no fading), and not at all past `ttl_ms` (`load.report_ttl_ms`),
+/// when the whole report stops counting.
 ///
-/// A report is a snapshot: the requests it counts finish over the next
-/// second or two, and no new report comes from a replica this proxy stops
-/// sending to. Fading lets a busy report expire at the pace its requests
-/// do, instead of marking a replica busy, and steering traffic away from
-/// it, for the whole TTL.
+/// A report is a snapshot, and no new report comes from a replica this
+/// proxy stops sending to. Its waiting requests are admitted within about
+/// a prefill's time, so a busy queue goes stale in a second or two; fading
+/// lets it expire at that pace instead of pricing the replica out (and
+/// marking it hot) for the whole TTL. Running requests decode for seconds,
+/// so the running count holds until the TTL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Freshness {
     /// Reports older than this count 0.
@@ -159,14 +161,22 @@ impl HostLoad {
     /// (0 without a fresh report). Subtracting the proxy's own count as of
     /// the report, not as of now, keeps a report that lags behind this
     /// proxy's own requests from counting them twice or after they ended.
-    /// Weighted by the report's age ([`Freshness::weight`]).
+    /// The waiting part fades with the report's age as
+    /// [`HostLoad::reported`] does ([`Freshness`]); the running part
+    /// counts until the TTL.
     pub fn others(&self, now_ms: u64, f: Freshness) -> u64 {
         match self.report {
             Some(r) => {
+                let age = now_ms.saturating_sub(r.at_ms);
+                if age > f.ttl_ms {
+                    return 0;
+                }
                 let t = r.queue.max(0.0) + r.running.max(0.0);
                 // `as` saturates (and maps NaN to 0).
                 let others = (t.ceil() as u64).saturating_sub(r.own);
-                f.scale(others, now_ms.saturating_sub(r.at_ms))
+                let waiting = r.queue.max(0.0).ceil() as u64;
+                let faded = waiting.saturating_sub(f.scale(waiting, age));
+                others.saturating_sub(faded)
             }
             _ => 0,
         }
@@ -661,20 +671,31 @@ mod tests {
         assert_eq!(long.weight(1_000), 0.75);
         assert_eq!(long.weight(1_001), 0.0);
         // 3 waiting + 5 running reported with 2 of this proxy's requests in
-        // the replica: 6 others' while fresh, then fewer as they finish.
+        // the replica: 6 others' while fresh. The waiting 3 fade (rounded
+        // up), the running ones count until the TTL.
         let l = reported(4, 3.0, 5.0, 2, 1_000);
         assert_eq!(l.others(1_000, f), 6);
         assert_eq!(l.reported(1_000, f), 3);
         assert_eq!(l.effective(1_000, f), 10);
-        assert_eq!(l.others(1_500, f), 5); // 6 x 0.75 = 4.5, rounded up
         assert_eq!(l.reported(1_500, f), 3); // 3 x 0.75 = 2.25
-        assert_eq!(l.others(2_000, f), 3);
-        assert_eq!(l.others(2_700, f), 1); // 6 x 0.15 = 0.9
+        assert_eq!(l.others(1_500, f), 6);
+        assert_eq!(l.reported(2_000, f), 2); // 3 x 0.5
+        assert_eq!(l.others(2_000, f), 5);
         assert_eq!(l.reported(2_900, f), 1); // 3 x 0.05 = 0.15
-        assert_eq!(l.reported(2_999, f), 1);
+        assert_eq!(l.others(2_900, f), 4);
         assert_eq!(l.reported(3_000, f), 0);
-        // Faded out: only this proxy's own requests count.
-        assert_eq!(l.effective(3_000, f), 4);
+        // The queue faded out: the running 5 less this proxy's 2 remain...
+        assert_eq!(l.others(3_000, f), 3);
+        assert_eq!(l.effective(3_000, f), 7);
+        assert_eq!(l.others(11_000, f), 3);
+        // ...until the TTL.
+        assert_eq!(l.others(11_001, f), 0);
+        assert_eq!(l.effective(11_001, f), 4);
+        // When this proxy's own requests were most of the report, the
+        // faded queue takes nothing below 0.
+        let mine = reported(3, 3.0, 1.0, 3, 0);
+        assert_eq!(mine.others(0, f), 1);
+        assert_eq!(mine.others(2_000, f), 0);
         // A report from the future (clock skew between workers) is fresh.
         assert_eq!(l.others(0, f), 6);
         // Huge counts saturate instead of wrapping.
