@@ -28,7 +28,7 @@
 //! | `load.orca_running_metrics` | `["num_requests_running"]` | ORCA named metrics summed into the reported running count; the bound counts a host's load as `max(this Envoy's in-flight requests, fresh reported waiting + running)`, the fleet's load when several proxies share the replicas; `[]` = none |
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
-//! | `load.report_fade_ms` | 2000 | a report's counts weigh `1 - age / report_fade_ms` (rounded up to whole requests), so a busy report fades as its requests finish instead of steering traffic away from a replica, which then sends no fresh report, for the whole TTL; 0 = full weight until `report_ttl_ms` |
+//! | `load.report_fade_ms` | 2000 | a report's waiting count weighs `1 - age / report_fade_ms` (rounded up to whole requests; the running count holds until `report_ttl_ms`), so a busy queue fades as its requests are admitted instead of pricing a replica out, and marking it hot, for the whole TTL while it sends no fresh report; 0 = full weight until `report_ttl_ms` ([`crate::load::Freshness`]) |
 //! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
 //! | `cost.mode` | `on` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]) with the learned prefix index; `off`: plain bounded loads (the ring owner unless it is at its bound) |
@@ -873,8 +873,8 @@ pub struct LoadConfig {
     pub orca_running_metrics: Vec<String>,
     pub queue_header: Option<String>,
     pub report_ttl_ms: u64,
-    /// Reports count linearly less as they age, 0 at this age (0: fully
-    /// until `report_ttl_ms`), [`crate::load::Freshness`].
+    /// A report's waiting count counts linearly less as it ages, 0 at this
+    /// age (0: fully until `report_ttl_ms`), [`crate::load::Freshness`].
     pub report_fade_ms: u64,
 }
 

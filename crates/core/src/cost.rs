@@ -173,6 +173,14 @@
 //! queue, so a conversation's cached prefix is weighed against that wait
 //! rather than ruled out by it. Cost: O(1) more per candidate.
 //!
+//! The price: in a nearly idle fleet a replica serving one request is
+//! already above the mean, so it takes no new conversation, and light
+//! traffic spreads new conversations by load rather than by the ring.
+//! Proxies that see different loads then place a new conversation
+//! differently, and without index gossip its later turns through
+//! another proxy miss (two Envoys without gossip: 24-32 % hit rate
+//! against 36-41 % under `half_floor`; with gossip the two are level).
+//!
 //! With it the defaults set `cost.inflight_s` to 0.1: each of this
 //! proxy's requests at a host adds 0.1 s to a newcomer's estimate there,
 //! so new conversations that tie on prefill spread by load; ties still go
@@ -193,20 +201,21 @@
 //! - Fleet-consistent: the recent loads are averages of effective loads,
 //!   which include the replicas' reports, so proxies agree on which hosts
 //!   are hot (a per-proxy penalty on its own counts was tried and split
-//!   shared prefixes between proxies: BENCHMARKS). Reports fade with age
-//!   (`load.report_fade_ms`, [`crate::load::Freshness`]): a stale busy
-//!   report would otherwise mark a replica hot, the mean rule would send
-//!   it no new conversations, and no response would come back to refresh
-//!   the report (two Envoys with the demo's 10 s TTL and no fading:
-//!   34-48 % hit rate).
+//!   shared prefixes between proxies: BENCHMARKS). A report's waiting
+//!   count fades with age (`load.report_fade_ms`,
+//!   [`crate::load::Freshness`]): a stale busy queue would otherwise price
+//!   a replica out and keep it hot, the mean rule would send it no new
+//!   conversations, and no response would come back to refresh the
+//!   report (two Envoys with gossip, the demo's 10 s TTL and no fading:
+//!   43-49 % hit rate in two runs of three, 72-76 % with it).
 //! - Cost: O(hosts) per decision for the average and the mean.
 //! - Trade-off (BENCHMARKS "The mean rule becomes the default"): Mooncake,
-//!   one proxy, side by side. Load A (48 seeds): the mean rule's worst
-//!   60 s window is within 1.25 on 48 of 48 seeds (1.162-1.248), TTFT p90
-//!   2.142 s; `half_floor` 5 of 48 (1.212-1.355), 2.095 s; Dynamo 0 of 48,
-//!   2.174 s. Load B (24 seeds): 24 of 24, 2.896 s; `half_floor` 22 of 24,
-//!   2.708 s; Dynamo 0 of 24, 2.690 s. So the mean rule buys the fleet-wide
-//!   bound with 2-7 % of p90 at one proxy's high load.
+//!   one proxy, side by side. Load A: the mean rule's worst 60 s window
+//!   is within 1.25 on 95 of 96 seeds (the miss 1.265), TTFT p90 2.161 s
+//!   on seeds 1-48; `half_floor` 5 of 48 (up to 1.355), 2.095 s; Dynamo 0
+//!   of 48, 2.174 s. Load B (24 seeds): 24 of 24, 2.932 s; `half_floor`
+//!   22 of 24, 2.708 s; Dynamo 0 of 24, 2.690 s. So the mean rule buys
+//!   the fleet-wide bound with 3-8 % of p90 at one proxy's high load.
 //!
 //! ## Ties (`cost.ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the

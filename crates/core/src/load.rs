@@ -5,8 +5,8 @@
 //! `load_h = inflight_h + others_h` ([`HostLoad::effective`]) where
 //! `inflight_h` counts the requests this proxy (all its worker threads) has
 //! routed to `h` and not yet finished, and `others_h` is what the replica's
-//! last report (if younger than `report_ttl_ms`, weighted down by its age
-//! over `report_fade_ms`, [`Freshness`]) counts beyond this proxy's
+//! last report (if younger than `report_ttl_ms`; its waiting part weighted
+//! down by its age over `report_fade_ms`, [`Freshness`]) counts beyond this proxy's
 //! own requests at the time of the report: waiting + running requests that
 //! other proxies or clients sent ([`HostLoad::others`]). With one proxy and
 //! no other clients this is exactly the in-flight count; with several, the
