@@ -1312,31 +1312,19 @@ mod tests {
         assert!((p.inflight_wait_s(8) - 0.8).abs() < 1e-9);
         let mut own = vec![0u64; 4];
         own[a] = 8;
-        let loads = own.clone();
-        let pending_at = |extra: u64| -> Vec<u64> {
-            (0..4)
-                .map(|h| pending_with_report(if h == a { extra } else { 0 }, own[h], 0, &p))
-                .collect()
-        };
         let bound = Bound {
             factor: 1.25,
             min_capacity: 16.0,
         };
-        let at = |index: &PrefixIndex, pending: &[u64]| {
+        // `extra` pending prefill tokens at A besides the in-flight term.
+        let at = |index: &PrefixIndex, extra: u64, p: &CostParams| {
+            let pending: Vec<u64> = (0..4)
+                .map(|h| pending_with_report(if h == a { extra } else { 0 }, own[h], 0, p))
+                .collect();
+            let (el, hot) = ([true; 4], [false; 4]);
+            let (loads, prompt) = (&own, 48_000);
             place(
-                &r,
-                key,
-                &loads,
-                &own,
-                pending,
-                &bound,
-                &[true; 4],
-                &[false; 4],
-                &chain,
-                48_000,
-                index,
-                0,
-                &p,
+                &r, key, loads, &own, &pending, &bound, &el, &hot, &chain, prompt, index, 0, p,
             )
             .unwrap()
         };
@@ -1345,46 +1333,27 @@ mod tests {
         // not move the turn off its cache.
         let mut held = ix();
         held.observe(a, &chain[..40], 0);
-        let c = at(&held, &pending_at(0));
+        let c = at(&held, 0, &p);
         assert_eq!((c.host, c.cached_bytes), (a, 40_000));
         assert!((c.ttft_s - 0.925).abs() < 1e-9, "{}", c.ttft_s);
         // A new prompt (nobody holds it) goes to a host with fewer requests
         // of this proxy in flight, not to its ring owner.
-        let c = at(&ix(), &pending_at(0));
+        let c = at(&ix(), 0, &p);
         assert_ne!(c.host, a);
         assert!(c.moved);
         // Real prefill queued at A still counts: with 0.5 s of it the turn
         // stays (0.625 s without the in-flight term, against 0.75 s + the
         // 0.1 s margin), with 1 s of it (1.125 s) it moves.
-        let c = at(&held, &pending_at(8_000));
+        let c = at(&held, 8_000, &p);
         assert_eq!((c.host, c.cached_bytes), (a, 40_000));
-        let c = at(&held, &pending_at(16_000));
+        let c = at(&held, 16_000, &p);
         assert_ne!(c.host, a);
         // With `inflight_s` 0 a new prompt goes to the ring owner.
         let q = CostParams {
             inflight_s: 0.0,
             ..p
         };
-        let pending: Vec<u64> = (0..4)
-            .map(|h| pending_with_report(0, own[h], 0, &q))
-            .collect();
-        let c = place(
-            &r,
-            key,
-            &loads,
-            &own,
-            &pending,
-            &bound,
-            &[true; 4],
-            &[false; 4],
-            &chain,
-            48_000,
-            &ix(),
-            0,
-            &q,
-        )
-        .unwrap();
-        assert_eq!(c.host, a);
+        assert_eq!(at(&ix(), 0, &q).host, a);
     }
 
     #[test]

@@ -385,9 +385,9 @@ impl Router {
     /// every host is ejected).
     /// Each configured host's effective load at `now_ms` (missing: 0).
     fn effective(&self, loads: &[HostLoad], now_ms: u64) -> Vec<u64> {
-        let ttl = self.cfg.load.freshness();
+        let fresh = self.cfg.load.freshness();
         (0..self.cfg.hosts.len())
-            .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, ttl)))
+            .map(|i| loads.get(i).map_or(0, |l| l.effective(now_ms, fresh)))
             .collect()
     }
 
@@ -460,12 +460,12 @@ impl Router {
         } else {
             Vec::new()
         };
-        let ttl = self.cfg.load.freshness();
+        let fresh = self.cfg.load.freshness();
         let pending: Vec<u64> = (0..eff.len())
             .map(|i| {
                 loads
                     .get(i)
-                    .map_or(0, |l| l.pending_ahead(now_ms, ttl, params))
+                    .map_or(0, |l| l.pending_ahead(now_ms, fresh, params))
             })
             .collect();
         // This proxy's own in-flight counts: only the mean hot rule (its
@@ -824,6 +824,20 @@ mod tests {
         let d = at(1);
         assert!(
             matches!(d, Decision::Routed { host, skipped: 1, .. } if host != owner),
+            "{d:?}"
+        );
+        // Its waiting count fades (load.report_fade_ms, 2 s): 1 s on, the
+        // 2 waiting still count (rounded up), 2 s on nothing does.
+        let fade = r.config().load.report_fade_ms;
+        assert_eq!(fade, 2_000);
+        let d = at(fade / 2);
+        assert!(
+            matches!(d, Decision::Routed { host, .. } if host != owner),
+            "{d:?}"
+        );
+        let d = at(fade);
+        assert!(
+            matches!(d, Decision::Routed { host, skipped: 0, .. } if host == owner),
             "{d:?}"
         );
         // A stale report (past load.report_ttl_ms) no longer counts.

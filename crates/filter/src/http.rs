@@ -300,12 +300,12 @@ impl Http {
             }
             if cost_on && cfg.cost.learn_prefill {
                 if let Some(l) = loads.get(idx) {
-                    let ttl = cfg.load.freshness();
+                    let fresh = cfg.load.freshness();
                     // Work ahead of this request there: pending prefill
                     // tokens and others' waiting requests (tokens mode), or
                     // any request of ours in flight (requests mode, which
                     // does not track tokens).
-                    let mut ahead = l.pending_ahead(now, ttl, &params);
+                    let mut ahead = l.pending_ahead(now, fresh, &params);
                     if !tokens_mode {
                         ahead = ahead.saturating_add(l.inflight);
                     }

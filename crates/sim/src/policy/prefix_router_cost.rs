@@ -405,11 +405,11 @@ impl Policy for PrefixRouterCost {
             }
             if self.learned_tps.is_some() {
                 // Work known ahead of it at its host, as the filter counts it.
-                let ttl = self.router.config().load.freshness();
+                let fresh = self.router.config().load.freshness();
                 let ahead = self
                     .loads
                     .get(choice.host)
-                    .map_or(0, |l| l.pending_ahead(now, ttl, &params));
+                    .map_or(0, |l| l.pending_ahead(now, fresh, &params));
                 self.samples.insert(input.id, (now, ahead));
             }
             self.pending
