@@ -131,8 +131,10 @@ pub enum Decision {
         moved: bool,
         /// Cost rule only: hosts passed over because they were hot (their
         /// recent load above `cost.hot_factor` x the mean) and at their hot
-        /// bound (half the `min_capacity` floor, or the pure bound if
-        /// higher), though under their capacity.
+        /// bound ([`crate::cost::HotRule`]: the fleet's mean, or their keep
+        /// bound for a prompt they hold; with `half_floor` half the
+        /// `min_capacity` floor, or the pure bound if higher), though under
+        /// their capacity.
         hot_skipped: u32,
     },
     /// Leave it to Envoy's load balancing.
