@@ -173,13 +173,13 @@
 //! queue, so a conversation's cached prefix is weighed against that wait
 //! rather than ruled out by it. Cost: O(1) more per candidate.
 //!
-//! The price: in a nearly idle fleet a replica serving one request is
-//! already above the mean, so it takes no new conversation, and light
-//! traffic spreads new conversations by load rather than by the ring.
-//! Proxies that see different loads then place a new conversation
-//! differently, and without index gossip its later turns through
-//! another proxy miss (two Envoys without gossip: 24-32 % hit rate
-//! against 36-41 % under `half_floor`; with gossip the two are level).
+//! The price is in `inflight_s`: it spreads new conversations by this
+//! proxy's own requests in flight, which differ between proxies, so two
+//! proxies place a new conversation differently, and without index
+//! gossip its later turns through the other proxy miss (two Envoys
+//! without gossip: 24-32 % hit rate against 36-41 % under `half_floor`,
+//! 35-38 % with the mean rule and `inflight_s` 0; with gossip the
+//! defaults are level).
 //!
 //! With it the defaults set `cost.inflight_s` to 0.1: each of this
 //! proxy's requests at a host adds 0.1 s to a newcomer's estimate there,
