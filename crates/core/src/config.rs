@@ -42,7 +42,8 @@
 //! | `cost.inflight_s` | 0.1 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill), so new conversations that tie on prefill spread by load; 0 = off (the default before the mean rule; with `half_floor` it moved turns off their cache in the Envoy demo, BENCHMARKS "The new default") |
 //! | `cost.hot_window_s` | 20 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and is held to a tighter bound until it cools down (`cost.hot_rule`). The floor lets a host with cached prefixes hold more than its share while load is light; this takes most of that back from a host that kept it. 0 = off |
 //! | `cost.hot_factor` | 1.12 | see `cost.hot_window_s`; `>= 1` |
-//! | `cost.hot_rule` | `"mean"` | what a hot host is held to. `"mean"`: the fleet's mean `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at least half of the pure bound `ceil(c (L + 1) w / W)` or the floor less the fleet's mean `min_capacity - (L + 1) / W` (at least half the floor), whichever is higher, counted in this Envoy's own requests there ([`crate::cost::HotRule`]). `"half_floor"` (the default before, with `hot_window_s` 10, `hot_factor` 1.1 and `inflight_s` 0): `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` for new prompts, and the full floor for prompts the index credits it with at least half of (a conversation's next turn); README "Which mode to run" |
+//! | `cost.hot_rule` | `"mean"` | what a hot host is held to. `"mean"`: the fleet's mean `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at least half of the pure bound `c (L + 1) w / W` or the floor less the fleet's mean `min_capacity - (L + 1) / W` (at least half the floor), whichever is higher, counted in this Envoy's own requests there and applied as `cost.hot_keep` says ([`crate::cost::HotRule`]). `"half_floor"` (the default before, with `hot_window_s` 10, `hot_factor` 1.1 and `inflight_s` 0): `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` for new prompts, and the full floor for prompts the index credits it with at least half of (a conversation's next turn); README "Which mode to run" |
+//! | `cost.hot_keep` | `"within"` | how the mean rule's keep bound (above) is applied: `"within"`, a hot host takes a turn only if this Envoy's requests there, with it, stay within the bound unrounded (`own + 1 <= max(c (L + 1) w / W, keep floor x w)`); `"ceil"` (the default before), while they are under the bound rounded up, as the capacity is, which lets a hot host sit a request above its share ([`crate::cost::HotKeep`]) |
 //! | `cost.learn_prefill` | false | Envoy filter: learn the prefill rate online from streamed responses (uncached prompt tokens / time to first byte, for requests routed with no known work ahead of them and at least 512 uncached tokens; a moving average of the logarithm with weight 0.2, kept within 8x of `prefill_tokens_per_s`, shared by the workers; gauge `prefix_router.cost.prefill_tps`) and use it instead of `prefill_tokens_per_s` |
 //! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
 //! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
@@ -246,6 +247,8 @@ pub struct RawCost {
     pub hot_factor: f64,
     #[serde(default = "d_hot_rule")]
     pub hot_rule: String,
+    #[serde(default = "d_hot_keep")]
+    pub hot_keep: String,
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
     #[serde(default = "d_bucket_entries")]
@@ -273,6 +276,7 @@ impl Default for RawCost {
             hot_window_s: d_hot_window_s(),
             hot_factor: d_hot_factor(),
             hot_rule: d_hot_rule(),
+            hot_keep: d_hot_keep(),
             index_buckets: d_index_buckets(),
             bucket_entries: d_bucket_entries(),
         }
@@ -287,6 +291,9 @@ fn d_cost_queue() -> String {
 }
 fn d_hot_rule() -> String {
     "mean".into()
+}
+fn d_hot_keep() -> String {
+    "within".into()
 }
 fn d_inflight_s() -> f64 {
     crate::cost::CostParams::default().inflight_s
@@ -391,6 +398,17 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
                 "cost.hot_rule",
                 format!("{r:?}"),
                 "must be \"half_floor\" or \"mean\"",
+            ))
+        }
+    };
+    let hot_keep = match c.hot_keep.as_str() {
+        "within" => crate::cost::HotKeep::Within,
+        "ceil" => crate::cost::HotKeep::Ceil,
+        k => {
+            return Err(err(
+                "cost.hot_keep",
+                format!("{k:?}"),
+                "must be \"within\" or \"ceil\"",
             ))
         }
     };
@@ -522,6 +540,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             hot_window_s: c.hot_window_s,
             hot_factor: c.hot_factor,
             hot_rule,
+            hot_keep,
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
@@ -1613,6 +1632,7 @@ mod tests {
             (r#"{"hot_factor":0.9}"#, "cost.hot_factor"),
             (r#"{"hot_factor":1e9}"#, "cost.hot_factor"),
             (r#"{"hot_rule":"none"}"#, "cost.hot_rule"),
+            (r#"{"hot_keep":"floor"}"#, "cost.hot_keep"),
             (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
             (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
             (r#"{"max_entries":0}"#, "cost.max_entries"),

@@ -25,7 +25,9 @@
 //! (`cost.hot_window_s`, 20, and `cost.hot_factor`, 1.12: the hot-host rule,
 //! each proxy keeping its own `LoadTrend` of the loads it sees, as each
 //! filter VM does), `hot_rule` (`cost.hot_rule`, `mean` | `half_floor`;
-//! the earlier default is `hot_rule=half_floor,hot_window_s=10,hot_factor=1.1,inflight_s=0`), `learn=1` (`cost.learn_prefill`:
+//! the earlier default is `hot_rule=half_floor,hot_window_s=10,hot_factor=1.1,inflight_s=0`),
+//! `hot_keep` (`cost.hot_keep`, `within` | `ceil`; `ceil` is the mean
+//! rule as it was before `within`), `learn=1` (`cost.learn_prefill`:
 //! learn the prefill rate from each request's time to first token with
 //! the core's `learn_prefill_rate`, as the filter does from streamed
 //! responses; JSON `learned_prefill_tps`), `gossip_ms=D` (index gossip,
@@ -83,6 +85,8 @@ pub struct Params {
     pub hot_window_s: f64,
     pub hot_factor: f64,
     pub hot_rule: String,
+    /// `hot_keep=within|ceil` (`cost.hot_keep`).
+    pub hot_keep: prefix_router_core::cost::HotKeep,
     /// `learn=1`: learn the prefill rate online (`cost.learn_prefill`).
     pub learn_prefill: bool,
     /// Experiment: `pending=prompt` counts whole prompts as pending
@@ -117,6 +121,7 @@ impl Params {
             hot_window_s: d.hot_window_s,
             hot_factor: d.hot_factor,
             hot_rule: d.hot_rule.clone(),
+            hot_keep: prefix_router_core::cost::HotKeep::default(),
             learn_prefill: d.learn_prefill,
             pending_whole_prompt: false,
             load_gossip_ms: None,
@@ -140,6 +145,17 @@ impl Params {
                 "hot_window_s" => p.hot_window_s = num(k, v)?,
                 "hot_factor" => p.hot_factor = num(k, v)?,
                 "hot_rule" => p.hot_rule = v.clone(),
+                "hot_keep" => {
+                    p.hot_keep = match v.as_str() {
+                        "within" => prefix_router_core::cost::HotKeep::Within,
+                        "ceil" => prefix_router_core::cost::HotKeep::Ceil,
+                        _ => {
+                            return Err(SpecError(format!(
+                                "prefix-router-cost: hot_keep={v}: expected within or ceil"
+                            )))
+                        }
+                    }
+                }
                 "learn" | "learn_prefill" => p.learn_prefill = num(k, v)? != 0.0,
                 "gossip_ms" => {
                     let d = num(k, v)?;
@@ -189,6 +205,11 @@ impl Params {
         raw.cost.hot_window_s = self.hot_window_s;
         raw.cost.hot_factor = self.hot_factor;
         raw.cost.hot_rule = self.hot_rule.clone();
+        raw.cost.hot_keep = match self.hot_keep {
+            prefix_router_core::cost::HotKeep::Within => "within",
+            prefix_router_core::cost::HotKeep::Ceil => "ceil",
+        }
+        .into();
         raw.cost.learn_prefill = self.learn_prefill;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
@@ -521,6 +542,20 @@ mod tests {
         assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
         let e = Params::parse(&opts(&[("queue", "bytes")])).unwrap_err();
         assert!(e.0.contains("cost.queue"), "{}", e.0);
+    }
+
+    #[test]
+    fn hot_keep_option() {
+        use prefix_router_core::cost::HotKeep;
+        let keep = |o: &[(&str, &str)]| {
+            let p = Params::parse(&opts(o)).unwrap();
+            p.config(4).unwrap().cost.params.hot_keep
+        };
+        assert_eq!(keep(&[]), HotKeep::Within);
+        assert_eq!(keep(&[("hot_keep", "ceil")]), HotKeep::Ceil);
+        assert_eq!(keep(&[("hot_keep", "within")]), HotKeep::Within);
+        let e = Params::parse(&opts(&[("hot_keep", "floor")])).unwrap_err();
+        assert!(e.0.contains("hot_keep=floor"), "{}", e.0);
     }
 
     #[test]
