@@ -367,62 +367,58 @@ pub const MAX_BUCKET_ENTRIES: u32 = 64;
 /// Upper bound of `cost.max_entries`.
 pub const MAX_INDEX_ENTRIES: u64 = 1 << 24;
 
+/// The value of a string field that must be one of `options` (its name
+/// and value); otherwise an error naming the field, the value and the
+/// names allowed (`must be "a" or "b"`).
+fn one_of<T: Copy>(field: &str, value: &str, options: &[(&str, T)]) -> Result<T, ConfigError> {
+    if let Some(&(_, v)) = options.iter().find(|(name, _)| *name == value) {
+        return Ok(v);
+    }
+    let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+    let reason = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => {
+            format!("must be {} or {last}", rest.join(", "))
+        }
+        Some((last, _)) => format!("must be {last}"),
+        None => "has no allowed value".to_string(),
+    };
+    Err(err(field, format!("{value:?}"), reason))
+}
+
 fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError> {
-    let enabled = match c.mode.as_str() {
-        "on" => true,
-        "off" => false,
-        m => {
-            return Err(err(
-                "cost.mode",
-                format!("{m:?}"),
-                "must be \"on\" or \"off\"",
-            ))
-        }
-    };
-    let queue = match c.queue.as_str() {
-        "requests" => crate::cost::QueueMode::Requests,
-        "tokens" => crate::cost::QueueMode::Tokens,
-        q => {
-            return Err(err(
-                "cost.queue",
-                format!("{q:?}"),
-                "must be \"requests\" or \"tokens\"",
-            ))
-        }
-    };
-    let hot_rule = match c.hot_rule.as_str() {
-        "half_floor" => crate::cost::HotRule::HalfFloor,
-        "mean" => crate::cost::HotRule::Mean,
-        r => {
-            return Err(err(
-                "cost.hot_rule",
-                format!("{r:?}"),
-                "must be \"half_floor\" or \"mean\"",
-            ))
-        }
-    };
-    let hot_keep = match c.hot_keep.as_str() {
-        "within" => crate::cost::HotKeep::Within,
-        "ceil" => crate::cost::HotKeep::Ceil,
-        k => {
-            return Err(err(
-                "cost.hot_keep",
-                format!("{k:?}"),
-                "must be \"within\" or \"ceil\"",
-            ))
-        }
-    };
-    let ties = match c.ties.as_str() {
-        "ring" => crate::cost::Ties::Ring,
-        "load" => crate::cost::Ties::Load,
-        t => {
-            return Err(err(
-                "cost.ties",
-                format!("{t:?}"),
-                "must be \"ring\" or \"load\"",
-            ))
-        }
-    };
+    let enabled = one_of("cost.mode", &c.mode, &[("on", true), ("off", false)])?;
+    let queue = one_of(
+        "cost.queue",
+        &c.queue,
+        &[
+            ("requests", crate::cost::QueueMode::Requests),
+            ("tokens", crate::cost::QueueMode::Tokens),
+        ],
+    )?;
+    let hot_rule = one_of(
+        "cost.hot_rule",
+        &c.hot_rule,
+        &[
+            ("half_floor", crate::cost::HotRule::HalfFloor),
+            ("mean", crate::cost::HotRule::Mean),
+        ],
+    )?;
+    let hot_keep = one_of(
+        "cost.hot_keep",
+        &c.hot_keep,
+        &[
+            ("within", crate::cost::HotKeep::Within),
+            ("ceil", crate::cost::HotKeep::Ceil),
+        ],
+    )?;
+    let ties = one_of(
+        "cost.ties",
+        &c.ties,
+        &[
+            ("ring", crate::cost::Ties::Ring),
+            ("load", crate::cost::Ties::Load),
+        ],
+    )?;
     if !(1..=64).contains(&c.candidates) {
         return Err(err("cost.candidates", c.candidates, "must be 1..=64"));
     }
@@ -1101,17 +1097,14 @@ impl RawConfig {
             Some(h) => Some(header_name("decision_header", h)?),
             None => None,
         };
-        let mode = match self.key.mode.as_str() {
-            "conversation" => KeyMode::Conversation,
-            "prefix" => KeyMode::Prefix,
-            other => {
-                return Err(err(
-                    "key.mode",
-                    format!("{other:?}"),
-                    "must be \"conversation\" or \"prefix\"",
-                ))
-            }
-        };
+        let mode = one_of(
+            "key.mode",
+            &self.key.mode,
+            &[
+                ("conversation", KeyMode::Conversation),
+                ("prefix", KeyMode::Prefix),
+            ],
+        )?;
         if self.key.prefix_bytes == 0 || self.key.prefix_bytes > MAX_BODY_BYTES {
             return Err(err(
                 "key.prefix_bytes",
@@ -1648,6 +1641,23 @@ mod tests {
             assert_eq!(e.field, field, "{json}");
             assert!(!e.reason.is_empty());
         }
+        // A value out of a fixed set names the field, the value and every
+        // value allowed.
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"hot_keep":"floor"}}"#);
+        assert_eq!(
+            (e.field.as_str(), e.value.as_str(), e.reason.as_str()),
+            (
+                "cost.hot_keep",
+                "\"floor\"",
+                "must be \"within\" or \"ceil\""
+            )
+        );
+        assert_eq!(
+            one_of("f", "c", &[("a", 1), ("b", 2), ("d", 3)])
+                .unwrap_err()
+                .reason,
+            "must be \"a\", \"b\" or \"d\""
+        );
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"candidate":2}}"#);
         assert_eq!(e.field, "candidate");
         assert!(e.reason.contains("unknown field"), "{e}");
