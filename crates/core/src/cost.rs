@@ -174,8 +174,8 @@
 //! keep floor x w)`. Rounding up, as the capacity does
 //! ([`HotKeep::Ceil`], the default before), lets a host that is already
 //! hot sit a whole request above its share: at 3.6 requests per replica
-//! the pure bound 1.25 x 3.75 = 4.7 becomes 5, and the floor's 4.4 becomes
-//! 5, 1.39x the mean. On the Mooncake trace that was the worst 60 s
+//! (`(L + 1) / W` = 3.75) the pure bound 1.25 x 3.75 = 4.7 becomes 5, and
+//! the floor's 8 - 3.75 = 4.25 becomes 5, 1.39x the mean. On the Mooncake trace that was the worst 60 s
 //! window of the simulator's default seed (a replica at 4.6 against a mean
 //! of 3.6 for a minute, 1.265); unrounded, the worst window is within
 //! 1.25 on every seed measured (below), and a hot host's turn that would
