@@ -178,7 +178,7 @@
 //! the floor's 8 - 3.75 = 4.25 becomes 5, 1.39x the mean. On the Mooncake trace that was the worst 60 s
 //! window of the simulator's default seed (a replica at 4.6 against a mean
 //! of 3.6 for a minute, 1.265); unrounded, the worst window is within
-//! 1.25 on every seed measured (below), and a hot host's turn that would
+//! 1.25 on 143 of 144 seeds (below), and a hot host's turn that would
 //! take it over goes to a successor (a miss: hit rate 5.32 against 5.47 %
 //! at load A). The capacity itself stays rounded
 //! up (it is the bounded-load guarantee, and a host that is not hot is
@@ -228,8 +228,9 @@
 //! - Cost: O(hosts) per decision for the average and the mean.
 //! - Trade-off (BENCHMARKS "The mean rule becomes the default", "The
 //!   keep bound unrounded"): Mooncake, one proxy. Load A: the mean rule's
-//!   worst 60 s window is within 1.25 on all 96 seeds (up to 1.242; with
-//!   [`HotKeep::Ceil`] 95, the miss 1.265), TTFT p90 2.164 s on seeds
+//!   worst 60 s window is within 1.25 on 143 of 144 seeds (the miss
+//!   1.301; with [`HotKeep::Ceil`] 142, up to 1.267; least-loaded routing
+//!   140, up to 1.320), TTFT p90 2.164 s on seeds
 //!   1-48; `half_floor` 5 of 48 (up to 1.355), 2.095 s; Dynamo 0 of 48,
 //!   2.174 s. Load B (24 seeds): 24 of 24, 2.896 s; `half_floor` 22 of 24,
 //!   2.708 s; Dynamo 0 of 24, 2.690 s. So the mean rule buys the
