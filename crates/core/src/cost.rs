@@ -591,16 +591,7 @@ pub fn mean_rule_keep_floor(min_capacity: f64, total: u64, total_weight: f64) ->
 fn over_keep(ring: &Ring, h: usize, total: u64, own: u64, keep: &Bound, p: &CostParams) -> bool {
     match p.hot_keep {
         HotKeep::Ceil => own >= ring.capacity(h, total, keep),
-        HotKeep::Within => {
-            let tw = ring.total_weight();
-            if tw <= 0.0 {
-                return true;
-            }
-            let w = ring.weight(h);
-            let share = keep.factor * (total as f64 + 1.0) * w / tw;
-            let limit = share.max(keep.min_capacity * w);
-            own.saturating_add(1) as f64 > limit + EPSILON_S
-        }
+        HotKeep::Within => own.saturating_add(1) as f64 > ring.limit(h, total, keep) + EPSILON_S,
     }
 }
 

@@ -138,15 +138,22 @@ impl Ring {
     }
 
     /// Capacity of host `h` at total load `total`:
-    /// `max(ceil(c (L+1) w_h / W), ceil(min_capacity w_h))`.
+    /// `max(ceil(c (L+1) w_h / W), ceil(min_capacity w_h))`, i.e.
+    /// [`Ring::limit`] rounded up.
     pub fn capacity(&self, h: usize, total: u64, b: &Bound) -> u64 {
+        // `as` saturates (and maps NaN to 0).
+        self.limit(h, total, b).ceil() as u64
+    }
+
+    /// The bound of host `h` at total load `total` before rounding:
+    /// `max(c (L+1) w_h / W, min_capacity w_h)` (0 with no weight at all).
+    pub fn limit(&self, h: usize, total: u64, b: &Bound) -> f64 {
         let w = self.weights.get(h).copied().unwrap_or(0.0);
         if self.total_weight <= 0.0 {
-            return 0;
+            return 0.0;
         }
-        let share = (b.factor * (total as f64 + 1.0) * w / self.total_weight).ceil() as u64;
-        let floor = (b.min_capacity * w).ceil() as u64;
-        share.max(floor)
+        let share = b.factor * (total as f64 + 1.0) * w / self.total_weight;
+        share.max(b.min_capacity * w)
     }
 
     /// Bounded-load placement of `key` given each host's load (indexed like
