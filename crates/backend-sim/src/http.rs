@@ -98,9 +98,13 @@ fn read_line<R: BufRead>(r: &mut R, max: usize) -> Result<Option<String>, ReadEr
     if buf.last() == Some(&b'\r') {
         buf.pop();
     }
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| ReadError::Bad("header is not UTF-8".to_string()))
+    // Field values are octets (RFC 9110 5.5): accept any byte, as real
+    // servers (uvicorn, h11) do, reading UTF-8 where it is valid and each
+    // byte as ISO-8859-1 otherwise.
+    Ok(Some(match String::from_utf8(buf) {
+        Ok(s) => s,
+        Err(e) => e.as_bytes().iter().map(|b| char::from(*b)).collect(),
+    }))
 }
 
 /// Read one request. `out` receives `100 Continue` if the client expects it.
@@ -113,6 +117,9 @@ pub fn read_request<R: BufRead, W: Write>(r: &mut R, out: &mut W) -> Result<Requ
             Some(l) => break l,
         }
     };
+    if !line.is_ascii() {
+        return Err(ReadError::Bad(format!("request line not ASCII {line:?}")));
+    }
     let mut parts = line.split(' ').filter(|p| !p.is_empty());
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -241,21 +248,29 @@ pub fn reason(status: u16) -> &'static str {
 }
 
 fn head(status: u16, headers: &[(String, String)], keep_alive: bool) -> Vec<u8> {
-    let mut h = format!("HTTP/1.1 {status} {}\r\n", reason(status));
+    let mut h = format!("HTTP/1.1 {status} {}\r\n", reason(status)).into_bytes();
     for (n, v) in headers {
+        h.extend_from_slice(n.as_bytes());
+        h.extend_from_slice(b": ");
+        // HTTP field values are octets: characters up to U+00FF are written
+        // as one byte each (ISO-8859-1, as RFC 9110 reads obs-text), others
+        // as UTF-8. Every value this server sends is ASCII except the test
+        // hook's (`x-sim-bad-load-headers`), which needs a raw 0xFF byte.
         // Never let a value break the framing.
-        let v: String = v.chars().filter(|c| *c != '\r' && *c != '\n').collect();
-        h.push_str(n);
-        h.push_str(": ");
-        h.push_str(&v);
-        h.push_str("\r\n");
+        for c in v.chars().filter(|c| *c != '\r' && *c != '\n') {
+            match u8::try_from(u32::from(c)) {
+                Ok(b) => h.push(b),
+                Err(_) => h.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+        h.extend_from_slice(b"\r\n");
     }
-    h.push_str(if keep_alive {
-        "connection: keep-alive\r\n"
+    h.extend_from_slice(if keep_alive {
+        b"connection: keep-alive\r\n"
     } else {
-        "connection: close\r\n"
+        b"connection: close\r\n"
     });
-    h.into_bytes()
+    h
 }
 
 /// Write a complete response with `Content-Length`.

@@ -438,6 +438,17 @@ impl Shared {
         {
             h.push(("endpoint-load-metrics".into(), orca));
         }
+        // Test hook: load headers a proxy cannot read as UTF-8, a raw 0xFF
+        // byte (written as one octet by `http::head`) before every number.
+        if req.is_some_and(|r| r.header("x-sim-bad-load-headers").is_some()) {
+            for (n, v) in h.iter_mut() {
+                if n == "endpoint-load-metrics" {
+                    *v = v.replace('=', "=\u{ff}").replace(": ", ": \u{ff}");
+                } else if n == "x-queue-depth" {
+                    v.insert(0, '\u{ff}');
+                }
+            }
+        }
         (h, load)
     }
 

@@ -27,7 +27,7 @@ use prefix_router_core::config::GossipConfig;
 use prefix_router_core::gossip::{self, GossipError};
 use prefix_router_core::shared_index;
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{LogLevel, MapType};
+use proxy_wasm::types::LogLevel;
 
 use crate::host::{self, SharedData};
 use crate::root::State;
@@ -150,7 +150,7 @@ impl Gossiper {
         if !self.pending.remove(&token) {
             return false;
         }
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+        let status = host::call_response_header(":status")
             .ok()
             .flatten()
             .unwrap_or_default();

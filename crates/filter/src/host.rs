@@ -1,49 +1,58 @@
-//! Host calls, each with its error handled. Nothing here panics.
+//! Host calls, each with its error handled. Nothing here panics: every
+//! call goes through [`crate::abi`], which maps every host status to a
+//! `Result` and returns values as bytes; this module decodes them (header
+//! values lossily, so a non-UTF-8 byte becomes U+FFFD instead of a panic).
 
+use crate::abi;
 use prefix_router_core::load::{SharedStore, StoreError};
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, LogLevel, MapType, Status};
-use std::time::UNIX_EPOCH;
 
 /// Log a line (errors of the log call itself are ignored: nowhere to report).
 pub fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, msg);
+    let _ = abi::log(level, msg);
 }
 
 /// Whether `level` would be logged (to skip formatting debug lines).
 pub fn log_enabled(level: LogLevel) -> bool {
-    match hostcalls::get_log_level() {
-        Ok(l) => (l as u32) <= (level as u32),
-        Err(_) => false,
-    }
+    abi::log_level().is_ok_and(|l| l <= level as u32)
 }
 
 /// Milliseconds since the Unix epoch (host clock); `Err` if unavailable.
 pub fn now_ms() -> Result<u64, Status> {
-    let t = hostcalls::get_current_time()?;
-    Ok(t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0))
+    Ok(abi::now_ns()? / 1_000_000)
 }
 
-/// A request header.
+/// Bytes as text: invalid UTF-8 becomes U+FFFD (no allocation when valid).
+pub fn text(b: Vec<u8>) -> String {
+    match String::from_utf8(b) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
+}
+
+/// A request header (lossy UTF-8).
 pub fn request_header(name: &str) -> Result<Option<String>, Status> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name)
+    Ok(abi::header(MapType::HttpRequestHeaders, name)?.map(text))
 }
 
 /// Set (or with `None` remove) a request header.
 pub fn set_request_header(name: &str, value: Option<&str>) -> Result<(), Status> {
-    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
+    abi::set_header(MapType::HttpRequestHeaders, name, value.map(str::as_bytes))
 }
 
-/// A response header.
+/// A response header (lossy UTF-8).
 pub fn response_header(name: &str) -> Result<Option<String>, Status> {
-    hostcalls::get_map_value(MapType::HttpResponseHeaders, name)
+    Ok(abi::header(MapType::HttpResponseHeaders, name)?.map(text))
+}
+
+/// A header of an HTTP call's response (lossy UTF-8).
+pub fn call_response_header(name: &str) -> Result<Option<String>, Status> {
+    Ok(abi::header(MapType::HttpCallResponseHeaders, name)?.map(text))
 }
 
 /// Add a response header.
 pub fn add_response_header(name: &str, value: &str) -> Result<(), Status> {
-    hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value)
+    abi::add_header(MapType::HttpResponseHeaders, name, value.as_bytes())
 }
 
 /// Answer the request locally (the request is not forwarded).
@@ -52,31 +61,42 @@ pub fn send_response(
     headers: Vec<(&str, &str)>,
     body: Option<&[u8]>,
 ) -> Result<(), Status> {
-    hostcalls::send_http_response(status, headers, body)
+    let h: Vec<(&str, &[u8])> = headers.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    abi::send_response(status, &h, body)
 }
 
 /// The buffered request body, `len` bytes from the start.
 pub fn request_body(len: usize) -> Result<Vec<u8>, Status> {
-    Ok(hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)?.unwrap_or_default())
+    Ok(abi::buffer(BufferType::HttpRequestBody, 0, len)?.unwrap_or_default())
+}
+
+/// An HTTP call's response body, `len` bytes from the start.
+pub fn call_response_body(len: usize) -> Result<Vec<u8>, Status> {
+    Ok(abi::buffer(BufferType::HttpCallResponseBody, 0, len)?.unwrap_or_default())
 }
 
 /// The plugin configuration bytes.
 pub fn plugin_configuration() -> Result<Vec<u8>, Status> {
-    Ok(hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)?.unwrap_or_default())
+    Ok(abi::buffer(BufferType::PluginConfiguration, 0, usize::MAX)?.unwrap_or_default())
 }
 
-/// A property as a UTF-8 string (e.g. `upstream.address`).
+/// A property as text (lossy UTF-8), e.g. `upstream.address`.
 pub fn property_string(path: &[&str]) -> Result<Option<String>, Status> {
-    Ok(hostcalls::get_property(path.to_vec())?.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    Ok(abi::property(path)?.map(text))
 }
 
 /// An integer property (Envoy encodes them as 8 little-endian bytes), e.g.
 /// `response.code`.
 pub fn property_i64(path: &[&str]) -> Result<Option<i64>, Status> {
-    Ok(hostcalls::get_property(path.to_vec())?.and_then(|b| {
+    Ok(abi::property(path)?.and_then(|b| {
         let a: [u8; 8] = b.get(..8)?.try_into().ok()?;
         Some(i64::from_le_bytes(a))
     }))
+}
+
+/// Set the root context's tick period.
+pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
+    abi::set_tick_period_ms(ms)
 }
 
 /// proxy-wasm shared data: process-wide, shared by every worker's VM.
@@ -84,10 +104,10 @@ pub struct SharedData;
 
 impl SharedStore for SharedData {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        hostcalls::get_shared_data(key).map_err(|s| StoreError::Other(format!("{s:?}")))
+        abi::shared_get(key).map_err(|s| StoreError::Other(format!("{s:?}")))
     }
     fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        match hostcalls::set_shared_data(key, Some(value), cas) {
+        match abi::shared_set(key, value, cas) {
             Ok(()) => Ok(()),
             Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
             Err(s) => Err(StoreError::Other(format!("{s:?}"))),

@@ -16,6 +16,7 @@
 //! - [`scrape`]: the optional active `/metrics` scrape (one elected VM).
 //! - [`gossip`]: the optional index gossip between Envoys.
 
+pub mod abi;
 pub mod gossip;
 pub mod host;
 pub mod http;

@@ -33,7 +33,6 @@
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 /// Metric ids of this VM (0 = not defined; incrementing it fails quietly).
@@ -75,11 +74,11 @@ pub struct Metrics {
 }
 
 fn def(name: &str) -> u32 {
-    hostcalls::define_metric(MetricType::Counter, name).unwrap_or(0)
+    crate::abi::define_metric(MetricType::Counter, name).unwrap_or(0)
 }
 
 fn def_gauge(name: &str) -> u32 {
-    hostcalls::define_metric(MetricType::Gauge, name).unwrap_or(0)
+    crate::abi::define_metric(MetricType::Gauge, name).unwrap_or(0)
 }
 
 fn gossip(cfg: &Config, name: &str) -> u32 {
@@ -195,21 +194,21 @@ impl Metrics {
     /// Add to a counter, ignoring failures (a metric must never fail a request).
     pub fn inc(&self, id: u32, by: u64) {
         if id != 0 && by > 0 {
-            let _ = hostcalls::increment_metric(id, by.min(i64::MAX as u64) as i64);
+            let _ = crate::abi::increment_metric(id, by.min(i64::MAX as u64) as i64);
         }
     }
 
     /// Add a signed change to a gauge, ignoring failures.
     pub fn add(&self, id: u32, delta: i64) {
         if id != 0 && delta != 0 {
-            let _ = hostcalls::increment_metric(id, delta);
+            let _ = crate::abi::increment_metric(id, delta);
         }
     }
 
     /// Set a gauge, ignoring failures.
     pub fn set(&self, id: u32, value: u64) {
         if id != 0 {
-            let _ = hostcalls::record_metric(id, value);
+            let _ = crate::abi::record_metric(id, value);
         }
     }
 

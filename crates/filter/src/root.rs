@@ -172,9 +172,9 @@ impl RootContext for Root {
                 .min()
                 .unwrap_or(0);
                 if tick_ms > 0 {
-                    if let Err(e) = proxy_wasm::hostcalls::set_tick_period(
-                        std::time::Duration::from_millis(tick_ms),
-                    ) {
+                    if let Err(e) =
+                        host::set_tick_period_ms(u32::try_from(tick_ms).unwrap_or(u32::MAX))
+                    {
                         host::log(
                             LogLevel::Error,
                             &format!("prefix-router: cannot set the tick: {e:?}"),
@@ -186,11 +186,7 @@ impl RootContext for Root {
                 if cfg.scrape.is_some() {
                     // A lease identity unique enough per VM: the clock at configure
                     // time mixed with this root's id.
-                    let t = proxy_wasm::hostcalls::get_current_time()
-                        .ok()
-                        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                        .map(|d| d.as_nanos() as u64)
-                        .unwrap_or(0);
+                    let t = crate::abi::now_ns().unwrap_or(0);
                     self.scraper.owner =
                         prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
                 }

@@ -22,7 +22,7 @@ use prefix_router_core::scrape::{
 };
 use prefix_router_core::shared_index;
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, LogLevel, MapType};
+use proxy_wasm::types::LogLevel;
 
 use crate::host::{self, SharedData};
 use crate::metrics::Metrics;
@@ -150,7 +150,7 @@ impl Scraper {
         let Some(addr) = self.pending.remove(&token) else {
             return;
         };
-        let status = hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status")
+        let status = host::call_response_header(":status")
             .ok()
             .flatten()
             .unwrap_or_default();
@@ -162,8 +162,8 @@ impl Scraper {
             );
             return;
         }
-        let body = match hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size) {
-            Ok(b) => b.unwrap_or_default(),
+        let body = match host::call_response_body(body_size) {
+            Ok(b) => b,
             Err(e) => {
                 metrics.inc(metrics.scrape_errors, 1);
                 host::log(
