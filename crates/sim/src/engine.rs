@@ -221,7 +221,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                             *c = c.saturating_sub(1);
                         }
                         if let Some(pol) = policies.get_mut(p) {
-                            pol.on_done(req_id, h);
+                            pol.on_done_at(req_id, h, t);
                         }
                         if cfg.output_kv {
                             if let Some(m) = wl.requests.get(id).and_then(|r| r.remember.as_ref()) {

@@ -244,6 +244,7 @@ pub fn to_table(rep: &Report) -> String {
         c.window_s,
         c.seed
     );
+    s.push_str(&crate::policy::sees_header(rep));
     let _ = writeln!(
         s,
         "bounds    oracle {}% (one server, unlimited cache); single-server {}% (one server, {} KV tokens)",

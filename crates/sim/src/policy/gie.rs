@@ -1,31 +1,49 @@
-//! Gateway API Inference Extension (GIE, `kubernetes-sigs/
-//! gateway-api-inference-extension`) endpoint picker with the approximate
-//! prefix-cache scorer, the queue scorer and the KV-cache-utilization
-//! scorer, re-implemented from:
+//! The Gateway API Inference Extension (GIE) endpoint picker (EPP) with the
+//! approximate prefix-cache scorer, the queue scorer and the
+//! KV-cache-utilization scorer. GIE's EPP moved to `llm-d/llm-d-router` in
+//! June 2026 (GIE commit `a70292c1` removed it); re-implemented from
+//! `llm-d/llm-d-router` at commit `ebab6879` (2026-08-22):
 //!
-//! * `pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go` and
-//!   `indexer.go`: the prompt (the completions `prompt`, or the chat
-//!   `messages` as JSON) is cut into 64-byte blocks (at most 256; a trailing
-//!   partial block is ignored), hashed in a chain seeded by the model name
-//!   (`hash_0 = h(model)`, `hash_i = h(block_i, hash_{i-1})`); a per-server
-//!   LRU index (31,250 entries each) remembers which server each hash was
-//!   sent to. Score = matched blocks / total, where a server scores one for
-//!   every leading hash (while any server has it) that it holds. After the
-//!   pick, the request's hashes are added for the chosen server
-//!   (`PreRequest`).
-//! * `pkg/epp/scheduling/framework/plugins/scorer/queue.go`: `(maxQ - q) /
+//! * `pkg/epp/framework/plugins/requestcontrol/dataproducer/approximateprefix/
+//!   plugin.go`, `types.go`, `indexer.go` and `.../dataproducer/prefixhash/
+//!   hashing.go`: the prompt is cut into blocks of `blockSizeTokens` tokens
+//!   (autoTune: the model server's KV block size, 16 for vLLM, raised to
+//!   `minBlockSizeTokens` = 64), at most `131072 / 64` = 2048 blocks, the
+//!   trailing partial block included; block hashes chain from a seed that
+//!   is the hash of the model name (`hash_0 = h(block_0, h(model))`: the
+//!   model is folded into block 0, it is no entry of its own). Without a
+//!   tokenizer the default "estimate" token producer (`.../tokenizer/
+//!   estimate.go`) packs 4 bytes into one pseudo-token, so a block is 256
+//!   bytes of the prompt (completions) or of the messages (chat; llm-d
+//!   concatenates role and content, here the messages JSON: the same prefix
+//!   structure). A per-server LRU of block hashes (golang-lru, size
+//!   `NumOfGPUBlocks`: with autoTune the server's `CacheNumBlocks`, i.e.
+//!   its KV tokens / 16, vLLM's block size; 31,250 without) remembers which
+//!   server each hash was sent to. Score = matched blocks / total, a server
+//!   scoring one for every leading hash (while any server has it) that it
+//!   holds. After the pick, the request's hashes are added for the chosen
+//!   server (`PreRequest`). Note that an entry stands for 64 tokens while
+//!   the LRU is sized in 16-token blocks: the index can believe a server
+//!   holds up to 4 times what fits in its cache (upstream as it is).
+//! * `pkg/epp/framework/plugins/scheduling/scorer/queuedepth`: `(maxQ - q) /
 //!   (maxQ - minQ)` over the waiting-queue sizes, 1 when all are equal.
-//! * `.../scorer/kvcache_utilization.go`: `1 - kv_cache_usage`.
-//! * `.../picker/max_score_picker.go`: highest weighted sum, ties broken at
-//!   random.
+//! * `.../scorer/kvcacheutilization`: `1 - kv_cache_usage`.
+//! * `.../picker/maxscore`: highest weighted sum, ties broken at random.
+//! * `pkg/epp/config/loader/defaults.go`: weights 3 (prefix) / 2 (queue) /
+//!   2 (KV) in the default config.
 //!
-//! Weights 3 (prefix) / 2 (queue) / 2 (KV), the defaults of the published
-//! GIE/llm-d prefix-aware configuration. Queue and KV usage come from the
-//! replicas' periodic reports (the EPP scrapes vLLM metrics). Hashes are
-//! xxh3 seeded by the previous hash (GIE: xxhash64 over block || prev);
-//! the chaining is the same.
+//! One EPP serves every gateway replica of an InferencePool, so with
+//! several proxies the simulator runs one picker for all of them
+//! ([`SharedGie`], built by `PolicySpec::build_fleet`). Queue and KV usage
+//! come from the replicas' periodic reports (the EPP scrapes vLLM metrics).
+//! Hashes are xxh3 seeded by the previous hash (upstream: xxhash64 over
+//! block || prev); the chaining is the same.
+//!
+//! Options reproduce GIE's last in-tree EPP (`1748e829`, 2026-06-16):
+//! `block=64,max_blocks=256` (16-token blocks of 4 bytes, at most 256).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
@@ -34,24 +52,30 @@ use crate::hashers::IdMap;
 use crate::input::RouteInput;
 use crate::rng::Rng;
 
-/// `block`, `max_blocks`, `lru` (entries per server), `w_prefix`,
-/// `w_queue`, `w_kv`.
+/// `block` (bytes), `max_blocks`, `lru` (entries per server; default
+/// autoTune), `w_prefix`, `w_queue`, `w_kv`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub block_bytes: usize,
     pub max_blocks: usize,
-    pub lru_per_server: usize,
+    /// LRU entries per server; `None`: autoTune (KV tokens / 16).
+    pub lru_per_server: Option<usize>,
     pub w_prefix: f64,
     pub w_queue: f64,
     pub w_kv: f64,
 }
 
+/// vLLM's default KV block size, which autoTune's `CacheNumBlocks` counts in.
+pub const VLLM_BLOCK_TOKENS: u64 = 16;
+/// The LRU size without autoTune (`defaultLRUCapacityPerServer`).
+pub const DEFAULT_LRU: usize = 31_250;
+
 impl Default for Params {
     fn default() -> Self {
         Params {
-            block_bytes: 64,
-            max_blocks: 256,
-            lru_per_server: 31_250,
+            block_bytes: 256,
+            max_blocks: 2048,
+            lru_per_server: None,
             w_prefix: 3.0,
             w_queue: 2.0,
             w_kv: 2.0,
@@ -66,7 +90,7 @@ impl Params {
             match k.as_str() {
                 "block" => p.block_bytes = (num(k, v)? as usize).max(1),
                 "max_blocks" => p.max_blocks = num(k, v)? as usize,
-                "lru" => p.lru_per_server = (num(k, v)? as usize).max(1),
+                "lru" => p.lru_per_server = Some((num(k, v)? as usize).max(1)),
                 "w_prefix" => p.w_prefix = num(k, v)?,
                 "w_queue" => p.w_queue = num(k, v)?,
                 "w_kv" => p.w_kv = num(k, v)?,
@@ -74,6 +98,15 @@ impl Params {
             }
         }
         Ok(p)
+    }
+
+    /// LRU entries per server for replicas of `cache_tokens` KV tokens.
+    pub fn lru_for(&self, cache_tokens: Option<u64>) -> usize {
+        self.lru_per_server.unwrap_or_else(|| {
+            cache_tokens
+                .map(|t| ((t / VLLM_BLOCK_TOKENS) as usize).max(1))
+                .unwrap_or(DEFAULT_LRU)
+        })
     }
 }
 
@@ -87,6 +120,7 @@ struct Lru {
 /// The endpoint picker.
 pub struct Gie {
     p: Params,
+    lru_cap: usize,
     lrus: Vec<Lru>,
     /// hash -> servers holding it (sorted).
     pods: IdMap<u64, Vec<u16>>,
@@ -98,8 +132,10 @@ pub struct Gie {
 }
 
 impl Gie {
-    pub fn new(p: Params, hosts: usize, seed: u64) -> Self {
+    /// A picker for `hosts` replicas of `cache_tokens` KV tokens each.
+    pub fn new(p: Params, hosts: usize, seed: u64, cache_tokens: Option<u64>) -> Self {
         Gie {
+            lru_cap: p.lru_for(cache_tokens),
             p,
             lrus: (0..hosts).map(|_| Lru::default()).collect(),
             pods: HashMap::default(),
@@ -113,21 +149,16 @@ impl Gie {
 
     fn hash_prompt(&mut self, model: &str, prompt: &[u8]) {
         self.hashes.clear();
-        let bs = self.p.block_bytes;
-        if prompt.len() < bs {
-            return;
-        }
-        let lim = prompt.len().min(bs * self.p.max_blocks);
+        let bs = self.p.block_bytes.max(1);
         let mut prev = xxh3_64(model.as_bytes());
-        self.hashes.push(prev);
-        for block in prompt.get(..lim).unwrap_or(prompt).chunks_exact(bs) {
+        for block in prompt.chunks(bs).take(self.p.max_blocks) {
             prev = xxh3_64_with_seed(block, prev);
             self.hashes.push(prev);
         }
     }
 
     fn add(&mut self, server: usize) {
-        let cap = self.p.lru_per_server;
+        let cap = self.lru_cap;
         let Some(lru) = self.lrus.get_mut(server) else {
             return;
         };
@@ -226,8 +257,7 @@ impl Policy for Gie {
             .map(|h| self.counts.get(h).copied().unwrap_or(0))
             .max()
             .unwrap_or(0);
-        let outcome = if total > 1 && max_prefix > 1 {
-            // Some server had a real (beyond the model hash) match.
+        let outcome = if max_prefix > 0 {
             if best_prefix * total as f64 >= f64::from(max_prefix) {
                 Outcome::Affinity
             } else {
@@ -238,5 +268,87 @@ impl Policy for Gie {
         };
         self.add(host);
         Choice { host, outcome }
+    }
+}
+
+/// The one endpoint picker every proxy of a fleet calls.
+pub struct SharedGie(pub Arc<Mutex<Gie>>);
+
+impl Policy for SharedGie {
+    fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
+        match self.0.lock() {
+            Ok(mut g) => g.route(input, view),
+            Err(_) => Choice {
+                host: 0,
+                outcome: Outcome::Fallback,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use crate::policy::PolicySpec;
+    use crate::workload::synthetic;
+
+    fn workload() -> crate::workload::Workload {
+        let spec = synthetic::Spec::parse(
+            "shared-prefix:groups=1,prompts=8,system=3000,question=200,output=10",
+        )
+        .unwrap();
+        synthetic::build(&spec, 1, 16)
+    }
+
+    #[test]
+    fn one_picker_learns_from_every_proxy() {
+        let wl = workload();
+        let spec = PolicySpec::parse("gie").unwrap();
+        let mut fleet = spec.build_fleet(8, 1, 4, Some(150_000)).unwrap();
+        let reports = [None; 8];
+        let view = View {
+            now: 0.0,
+            inflight: &[0; 8],
+            reports: &reports,
+            replicas: &[],
+        };
+        // Proxy 0 places the group's first prompt; every other proxy then
+        // finds the shared system prompt on that replica.
+        let first = RouteInput::new(&wl, &wl.requests[0], 0);
+        let h = fleet[0].route(&first, &view).host;
+        for (i, pol) in fleet.iter_mut().enumerate().skip(1) {
+            let input = RouteInput::new(&wl, &wl.requests[i], i as u64);
+            let c = pol.route(&input, &view);
+            assert_eq!((c.host, c.outcome), (h, Outcome::Affinity), "proxy {i}");
+        }
+        // Independent pickers (the old harness) would not: a fresh picker
+        // sees no match.
+        let mut alone = spec.build(8, 1, 1, Some(150_000)).unwrap();
+        let input = RouteInput::new(&wl, &wl.requests[5], 5);
+        assert_eq!(alone.route(&input, &view).outcome, Outcome::Balance);
+    }
+
+    #[test]
+    fn lru_follows_autotune_and_model_is_folded_into_block_zero() {
+        let p = Params::default();
+        assert_eq!(p.lru_for(Some(150_000)), 9375);
+        assert_eq!(p.lru_for(None), DEFAULT_LRU);
+        let p = Params::parse(&[("lru".into(), "77".into())]).unwrap();
+        assert_eq!(p.lru_for(Some(150_000)), 77);
+        let mut g = Gie::new(Params::default(), 2, 1, Some(150_000));
+        // One full 256-byte block and a partial one: two entries, no
+        // separate entry for the model.
+        g.hash_prompt("m", &[b'x'; 300]);
+        assert_eq!(g.hashes.len(), 2);
+        let a = g.hashes.clone();
+        g.hash_prompt("other-model", &[b'x'; 300]);
+        assert_ne!(g.hashes[0], a[0]);
+        // A prompt shorter than a block still gets its (partial) block.
+        g.hash_prompt("m", b"hi");
+        assert_eq!(g.hashes.len(), 1);
+        // At most max_blocks.
+        g.hash_prompt("m", &vec![b'y'; 256 * 3000]);
+        assert_eq!(g.hashes.len(), 2048);
     }
 }

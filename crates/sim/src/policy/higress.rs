@@ -20,7 +20,10 @@
 //!   target with the TTL (`redisKeyTTL`, default 1800 s).
 //! * **Unkeyable requests** (no `messages`, a message without `role` or
 //!   `content`, e.g. `/v1/completions`) continue to the cluster's own load
-//!   balancing: round robin here, Envoy's default.
+//!   balancing: round robin here, Envoy's default. So on a completions-only
+//!   trace (Mooncake, Azure) the `higress` rows are round robin, with no
+//!   cache affinity at all; [`crate::policy::PolicySpec::sees`] says so in
+//!   the simulator's header.
 //!
 //! Modelling choices: one store for all proxies of a run (it is one Redis),
 //! updated when the request is routed, as the script does, with no

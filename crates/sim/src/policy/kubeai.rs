@@ -8,13 +8,18 @@
 //!   `inflight + 1 <= (total + 1) / n * load_factor`; if none does, the
 //!   key's first endpoint.
 //! * `internal/loadbalancer/group.go`: load = the proxy's own in-flight
-//!   count; 100 points per endpoint.
+//!   count. Points per endpoint: the Model's
+//!   `spec.loadBalancing.prefixHash.replication`, whose CRD default is 256
+//!   (`api/k8s/v1/model_types.go` at `0c67b3ba`, `+kubebuilder:default=256`;
+//!   `internal/loadbalancer/load_balancer.go` at `8fbbb358` builds each
+//!   group from it, `newEndpointGroup(lb)`). Older KubeAI hard-coded 100
+//!   (`group.go` at `56aac4bc`).
 //! * `internal/apiutils/request.go` and the OpenAI request types: the key is
 //!   the adapter name plus the first `PrefixCharLength` characters of the
 //!   first user message (chat) or of the prompt (completions).
 //!
 //! Defaults: `meanLoadPercentage` 125 (load factor 1.25),
-//! `prefixCharLength` 100. Hashes are xxh3 here (KubeAI: xxhash64).
+//! `prefixCharLength` 100, `replication` 256. Hashes are xxh3 here (KubeAI: xxhash64).
 
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -34,7 +39,7 @@ impl Default for Params {
         Params {
             prefix_chars: 100,
             load_factor: 1.25,
-            replication: 100,
+            replication: 256,
         }
     }
 }

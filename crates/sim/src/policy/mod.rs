@@ -6,6 +6,10 @@
 //! runs the engine builds K instances, each with its own in-flight counts and
 //! learned state (trees, indexes, active-sequence tables), while replica
 //! reports (queue depth, KV utilization) and KV-cache events are shared.
+//! Where the peer itself keeps one state for every gateway, so do its K
+//! instances ([`PolicySpec::build_fleet`]): GIE's endpoint picker (one per
+//! InferencePool, serving every gateway replica), Higress's Redis store and
+//! the KV-event stream every Dynamo router subscribes to.
 
 pub mod baselines;
 pub mod dynamo;
@@ -90,6 +94,11 @@ pub trait Policy: Send {
     }
     /// The request finished on `host`.
     fn on_done(&mut self, _id: u64, _host: usize) {}
+    /// [`Policy::on_done`] with the time it happened (virtual seconds); by
+    /// default just that.
+    fn on_done_at(&mut self, id: u64, host: usize, _t: f64) {
+        self.on_done(id, host);
+    }
     /// Prompt tokens this policy's prefix index credited its chosen
     /// replicas with so far (`None`: the policy has no such index).
     fn credited_tokens(&self) -> Option<u64> {
@@ -291,9 +300,14 @@ impl PolicySpec {
             Kind::ChFirstChunk => Box::new(baselines::ChFirstChunk::new(hosts)?),
             Kind::SglangCacheAware(p) => Box::new(sglang::CacheAware::new(p.clone(), hosts)),
             Kind::SglangPrefixHash(p) => Box::new(sglang::PrefixHash::new(p.clone(), hosts)),
-            Kind::Gie(p) => Box::new(gie::Gie::new(p.clone(), hosts, seed)),
+            Kind::Gie(p) => Box::new(gie::Gie::new(p.clone(), hosts, seed, cache_tokens)),
             Kind::KubeAi(p) => Box::new(kubeai::KubeAi::new(p.clone(), hosts)),
-            Kind::Dynamo(p) => Box::new(dynamo::Dynamo::new(p.clone(), hosts, seed)),
+            Kind::Dynamo(p) => Box::new(dynamo::Dynamo::new(
+                p.clone(),
+                hosts,
+                seed,
+                dynamo::KvEvents::shared(hosts),
+            )),
             Kind::Higress(p) => Box::new(higress::Higress::new(
                 p.clone(),
                 hosts,
@@ -305,10 +319,13 @@ impl PolicySpec {
     }
 
     /// Build the `proxies` instances of one run. Instances are independent
-    /// ([`PolicySpec::build`]) except Higress's, which share one store (the
-    /// Redis every gateway talks to), and `prefix-router-cost` with
-    /// `load_gossip_ms`, whose proxies share a board of their pending
-    /// prefill (the filter's load gossip).
+    /// ([`PolicySpec::build`]) except GIE's, which are one endpoint picker
+    /// (the EPP of the InferencePool, which every gateway replica calls),
+    /// Higress's, which share one store (the Redis every gateway talks to),
+    /// Dynamo's, which receive one KV-event stream (each keeps its own
+    /// active sequences), and `prefix-router-cost` with `load_gossip_ms`,
+    /// whose proxies share a board of their pending prefill (the filter's
+    /// load gossip).
     pub fn build_fleet(
         &self,
         hosts: usize,
@@ -316,6 +333,27 @@ impl PolicySpec {
         proxies: usize,
         cache_tokens: Option<u64>,
     ) -> Result<Vec<Box<dyn Policy>>, SpecError> {
+        if let Kind::Gie(p) = &self.kind {
+            let s = seed_str(seed, &format!("policy:{}:0", self.label));
+            let picker = gie::Gie::new(p.clone(), hosts, s, cache_tokens);
+            if proxies <= 1 {
+                return Ok(vec![Box::new(picker)]);
+            }
+            let shared = std::sync::Arc::new(std::sync::Mutex::new(picker));
+            return Ok((0..proxies)
+                .map(|_| Box::new(gie::SharedGie(shared.clone())) as Box<dyn Policy>)
+                .collect());
+        }
+        if let Kind::Dynamo(p) = &self.kind {
+            let events = dynamo::KvEvents::shared(hosts);
+            return Ok((0..proxies)
+                .map(|proxy| {
+                    let s = seed_str(seed, &format!("policy:{}:{proxy}", self.label));
+                    Box::new(dynamo::Dynamo::new(p.clone(), hosts, s, events.clone()))
+                        as Box<dyn Policy>
+                })
+                .collect());
+        }
         if let Kind::Higress(p) = &self.kind {
             let store = higress::Store::shared(hosts);
             return Ok((0..proxies)
@@ -353,6 +391,92 @@ impl PolicySpec {
             .map(|proxy| self.build(hosts, seed, proxy, cache_tokens))
             .collect()
     }
+}
+
+impl PolicySpec {
+    /// What this policy reads when it routes, in one line (the simulator's
+    /// header prints it; README "What the router sees" says the same).
+    pub fn sees(&self) -> String {
+        match &self.kind {
+            Kind::PrefixRouter(_) => {
+                "its own in-flight counts; replica reports (waiting, running) per its `reports` option".into()
+            }
+            Kind::PrefixRouterCost(_) => "its own in-flight counts, pending prefill and learned prefix index (per proxy unless gossip is set); replica reports (waiting, running)".into(),
+            Kind::RoundRobin | Kind::Random => "nothing (load-blind, per proxy)".into(),
+            Kind::LeastLoaded | Kind::PowerOfTwo => "its own in-flight counts".into(),
+            Kind::ChFirstChunk => "the request's first 64-byte chunk only".into(),
+            Kind::SglangCacheAware(_) => {
+                "its own approximate radix tree of the text it routed; its own in-flight counts".into()
+            }
+            Kind::SglangPrefixHash(_) => {
+                "a hash of the first prompt tokens; its own in-flight counts".into()
+            }
+            Kind::Gie(_) => "one endpoint picker for every proxy: its LRU index of the prompts it routed (cache tokens / 16 entries per replica); replica reports (waiting, KV usage)".into(),
+            Kind::KubeAi(_) => {
+                "the first characters of the first user message; its own in-flight counts".into()
+            }
+            Kind::Dynamo(p) => format!(
+                "the replicas' cache contents through KV events (prompt blocks after prefill, {:.0} ms delay; evictions at once); its own active sequences",
+                p.kv_delay_s * 1000.0
+            ),
+            Kind::Higress(p) => format!(
+                "chat: chain keys and a fleet-wide in-flight count per replica, in one store all proxies share (Redis); completions {}",
+                if p.blocks > 0 {
+                    "keyed as fixed segments (not Higress)"
+                } else {
+                    "(e.g. Mooncake): round robin, no cache affinity"
+                }
+            ),
+        }
+    }
+}
+
+/// The simulator header's "sees" lines: what each distinct policy among
+/// `labels` reads (labels that do not parse are skipped), then when replica
+/// reports reach the routers.
+pub fn sees_lines<'a>(
+    labels: impl IntoIterator<Item = &'a str>,
+    report_interval_s: f64,
+    report_delay_s: f64,
+) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out = String::new();
+    for l in labels {
+        if seen.contains(&l) {
+            continue;
+        }
+        seen.push(l);
+        if let Ok(spec) = PolicySpec::parse(l) {
+            let head = if out.is_empty() { "sees" } else { "" };
+            out.push_str(&format!("{head:<10}{l}: {}\n", spec.sees()));
+        }
+    }
+    let reports = if report_interval_s > 0.0 && report_delay_s > 0.0 {
+        format!(
+            "replica reports reach every proxy {:.0} ms after each sample (--report-delay-ms)",
+            report_delay_s * 1000.0
+        )
+    } else if report_interval_s > 0.0 {
+        "replica reports reach every proxy the moment they are sampled (no delay unless --report-delay-ms is set)".to_string()
+    } else {
+        "no replica reports (--report-interval-ms 0)".to_string()
+    };
+    out.push_str(&format!(
+        "{:<10}{reports}\n",
+        if out.is_empty() { "sees" } else { "" }
+    ));
+    out
+}
+
+/// [`sees_lines`] for the policies and the report settings of `rep`.
+pub fn sees_header(rep: &crate::report::Report) -> String {
+    sees_lines(
+        rep.runs
+            .iter()
+            .flat_map(|r| r.results.iter().map(|x| x.policy.as_str())),
+        rep.config.report_interval_s,
+        rep.config.report_delay_s,
+    )
 }
 
 /// The address of replica `i` as the filter config and peers name it.

@@ -8,7 +8,12 @@
 //!   `balance_abs_threshold` 64, `balance_rel_threshold` 1.5,
 //!   `eviction_interval_secs` 120, `max_tree_size` 2^26 characters per
 //!   worker); the library `CacheAwareConfig::default()` differs (0.5 / 32 /
-//!   1.1 / 30 s / 10000), the CLI values are what a deployment gets.
+//!   1.1 / 30 s / 10000), the CLI values are what a deployment gets. The
+//!   eviction interval: 120 s is the gateway's `--eviction-interval`
+//!   default (`sgl-model-gateway/src/main.rs` at `01f6c92a`), used here;
+//!   the Python launcher's `RouterArgs.eviction_interval_secs` was 60 s in
+//!   `sgl-router` / early `sgl-model-gateway/bindings/python/src/
+//!   sglang_router/router_args.py` and is 120 s in newer ones.
 //! * `prefix_hash`: `sgl-model-gateway/src/policies/prefix_hash.rs` over the
 //!   worker hash ring of `sgl-model-gateway/src/core/worker_registry.rs`
 //!   (150 virtual nodes per worker).
