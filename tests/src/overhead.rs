@@ -207,7 +207,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
                 filter: FilterConfig::Patched(
-                    serde_json::json!({"cost": {"mode": "on", "dense_boundaries": 0}}),
+                    serde_json::json!({"cost": {"mode": "index", "dense_boundaries": 0}}),
                 ),
                 concurrency: 1,
                 log_level: "warn".into(),

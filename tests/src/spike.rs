@@ -10,7 +10,7 @@
 //! are named `r1..r4`):
 //! 1. 4 backend simulators with `max_running` 2 at `time_scale` 0.25 (prefill 8,000 tok/s x 4
 //!    = 32,000 tok/s effective) and caches large enough for every document.
-//! 2. Envoy + filter with the active scrape (200 ms) and either `cost.mode: "on"` (prefill
+//! 2. Envoy + filter with the active scrape (200 ms) and either `cost.mode: "spill"` (prefill
 //!    and service time set to what these backends really do: `prefill_tokens_per_s` 32000,
 //!    `service_s` 0.05 = a 0.1 s burst request over 2 slots) or `"off"` (bounded ring only).
 //! 3. Warm-up: `old` conversations, each opening with a unique document of `doc_bytes`,
@@ -45,7 +45,8 @@ use crate::{http, lab_err, Result};
 /// Scenario parameters.
 #[derive(Debug, Clone)]
 pub struct SpikeOptions {
-    /// `true`: `cost.mode: "on"`; `false`: the bounded-load ring only.
+    /// `true`: `cost.mode: "spill"` (or what `cost_patch` sets); `false`: the bounded-load
+    /// ring only.
     pub cost: bool,
     /// Conversations started before the spike.
     pub old: usize,
@@ -155,7 +156,7 @@ fn measured(conversation: usize, r: &RequestRecord) -> Measured {
 /// The filter JSON patch of a run: `cost_patch` is merged into `cost`.
 pub fn filter_patch(cost: bool, queue: &str, cost_patch: &serde_json::Map<String, Value>) -> Value {
     let mut c = json!({
-        "mode": if cost { "on" } else { "off" },
+        "mode": if cost { "spill" } else { "off" },
         "queue": queue,
         "prefill_tokens_per_s": 32000.0,
         "service_s": 0.05
@@ -318,13 +319,9 @@ pub fn table(ring: &SpikeResult, cost: &SpikeResult) -> String {
     let owner_spiked: Vec<bool> = ring.new.iter().map(|m| m.backend == ring.spiked).collect();
     for r in [ring, cost] {
         let mode = if r.cost && !r.cost_patch.is_empty() {
-            format!(
-                "cost.mode on (cost.queue {}, {})",
-                r.queue,
-                Value::Object(r.cost_patch.clone())
-            )
+            format!("cost {}", Value::Object(r.cost_patch.clone()))
         } else if r.cost {
-            format!("cost.mode on (cost.queue {})", r.queue)
+            "cost.mode spill (the default)".to_string()
         } else {
             "cost.mode off (bounded ring)".to_string()
         };

@@ -467,7 +467,7 @@ fn bad_filter_config_is_refused_and_named() {
         ("empty hosts", json!({"hosts": []}), "hosts"),
         (
             "cost queue mode bogus",
-            json!({"cost": {"mode": "on", "queue": "bogus"}}),
+            json!({"cost": {"mode": "index", "queue": "bogus"}}),
             "cost.queue",
         ),
     ];
@@ -817,7 +817,7 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
     let lab = lab(
         "e2e-cost",
         EnvoyMode::PrefixRouter,
-        FilterConfig::Patched(json!({"cost": {"mode": "on"}})),
+        FilterConfig::Patched(json!({"cost": {"mode": "index"}})),
     );
     let agent = http::agent(Duration::from_secs(30));
     let conversations = 8;
@@ -914,7 +914,7 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
     let lab = self::lab(
         "e2e-cost-tokens",
         EnvoyMode::PrefixRouter,
-        FilterConfig::Patched(json!({"cost": {"mode": "on", "queue": "tokens"}})),
+        FilterConfig::Patched(json!({"cost": {"mode": "index", "queue": "tokens"}})),
     );
     for i in 0..4 {
         let mut h = conversation_start("cost-tokens", i);
@@ -1019,7 +1019,7 @@ fn replica_restart_is_detected_and_its_index_entries_dropped() {
         "e2e-restart",
         EnvoyMode::PrefixRouter,
         FilterConfig::Patched(json!({
-            "cost": {"mode": "on"},
+            "cost": {"mode": "index"},
             "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
         })),
     );
@@ -1093,7 +1093,7 @@ fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
             filter: FilterConfig::Patched(json!({
-                "cost": {"mode": "on"},
+                "cost": {"mode": "index"},
                 "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
             })),
             ..EnvoyOptions::default()
@@ -1179,7 +1179,7 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
             // Every boundary recorded (no thinning), so a few prompts fill the index; no
             // per-host capacity horizon: this test is about the buckets' bound.
             filter: FilterConfig::Patched(json!({
-                "cost": {"mode": "on", "dense_boundaries": 0, "host_tokens": 0}
+                "cost": {"mode": "index", "dense_boundaries": 0, "host_tokens": 0}
             })),
             ..EnvoyOptions::default()
         }),
@@ -1253,7 +1253,7 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
 //     `inflight_s`) is run too.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
-fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() {
+fn a_busy_replica_keeps_its_conversations_and_new_ones_move() {
     use prefix_router_lab::spike::{self, SpikeOptions};
     let _g = serial();
     require_artifacts(true);
@@ -1261,23 +1261,19 @@ fn cost_rule_keeps_cached_conversations_and_moves_new_ones_off_a_busy_replica() 
         cost: false,
         ..SpikeOptions::default()
     }));
-    // cost.queue = tokens (the default): the queue this proxy did not cause reaches the
-    // estimate through the scraped report (waiting requests beyond this proxy's own).
-    let tokens = ok(spike::run(&SpikeOptions::default()));
-    let requests = ok(spike::run(&SpikeOptions {
-        queue: "requests".to_string(),
+    // The default rule (cost.mode spill): the spiked replica's scraped queue is shared by every
+    // proxy; a first turn has nothing presumed cached and moves, a conversation's next turn is
+    // presumed cached on its owner and stays while its prefix outweighs the wait.
+    let spill = ok(spike::run(&SpikeOptions::default()));
+    // The index rule: this proxy's learned index credits the old conversations' prefixes.
+    let index = ok(spike::run(&SpikeOptions {
+        cost_patch: json!({"mode": "index"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
         ..SpikeOptions::default()
     }));
-    let half_floor = ok(spike::run(&SpikeOptions {
-        cost_patch: json!({
-            "hot_rule": "half_floor", "hot_window_s": 10, "hot_factor": 1.1, "inflight_s": 0.0
-        })
-        .as_object()
-        .cloned()
-        .unwrap_or_default(),
-        ..SpikeOptions::default()
-    }));
-    for cost in [&requests, &tokens, &half_floor] {
+    for cost in [&spill, &index] {
         check_spike(&ring, cost);
     }
 }
@@ -1311,12 +1307,14 @@ fn check_spike(
             "cost rule: old conversation {} left its cache ({home}): {}\n{table}",
             m.conversation, m.decision
         );
-        assert!(
-            spike::cached(m).is_some_and(|c| c > 0),
-            "old conversation {}: {}",
-            m.conversation,
-            m.decision
-        );
+        if m.decision.contains("cached=") {
+            assert!(
+                spike::cached(m).is_some_and(|c| c > 0),
+                "old conversation {}: {}",
+                m.conversation,
+                m.decision
+            );
+        }
     }
     for m in &cost.new {
         assert_ne!(
@@ -1352,7 +1350,7 @@ fn shared_index_loses_no_update_under_two_workers() {
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
             filter: FilterConfig::Patched(
-                json!({"cost": {"mode": "on", "index_buckets": 1, "bucket_entries": 64}}),
+                json!({"cost": {"mode": "index", "index_buckets": 1, "bucket_entries": 64}}),
             ),
             concurrency: 2,
             ..EnvoyOptions::default()
@@ -1480,7 +1478,7 @@ fn two_proxies_with_separate_indexes_keep_a_conversation_on_one_replica() {
     require_artifacts(true);
     let opts = EnvoyOptions {
         mode: EnvoyMode::PrefixRouter,
-        filter: FilterConfig::Patched(json!({"cost": {"mode": "on"}})),
+        filter: FilterConfig::Patched(json!({"cost": {"mode": "index"}})),
         ..EnvoyOptions::default()
     };
     let lab = lab(
@@ -1791,7 +1789,7 @@ fn capacity_horizon_follows_the_replicas_lru() {
             envoy: Some(EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
                 filter: FilterConfig::Patched(
-                    json!({"cost": {"mode": "on", "host_tokens": host_tokens}}),
+                    json!({"cost": {"mode": "index", "host_tokens": host_tokens}}),
                 ),
                 ..EnvoyOptions::default()
             }),

@@ -284,7 +284,7 @@ impl Default for RawCost {
 }
 
 fn d_cost_mode() -> String {
-    "on".into()
+    "spill".into()
 }
 fn d_cost_queue() -> String {
     "tokens".into()
@@ -346,7 +346,10 @@ fn d_host_tokens() -> u64 {
 /// Validated cost-rule settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CostConfig {
-    /// `cost.mode = on`.
+    /// `cost.mode`: the routing rule.
+    pub mode: CostMode,
+    /// `cost.mode = index`: the index rule, and with it the prefix index,
+    /// is on.
     pub enabled: bool,
     /// The decision rule's parameters.
     pub params: crate::cost::CostParams,
@@ -357,6 +360,22 @@ pub struct CostConfig {
     /// `cost.learn_prefill`: learn the prefill rate from streamed
     /// responses' time to first byte ([`crate::cost::learn_prefill_rate`]).
     pub learn_prefill: bool,
+}
+
+/// The routing rule (`cost.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CostMode {
+    /// The priced spill ([`crate::spill`], the default): the group owner,
+    /// then the key's ring walk, left only when the replicas' reported
+    /// queues say the wait saved outweighs the miss.
+    #[default]
+    Spill,
+    /// The index rule ([`crate::cost`]): estimated TTFT over the owner and
+    /// its successors under the bound, with this proxy's learned prefix
+    /// index.
+    Index,
+    /// Plain bounded loads ([`crate::ring::Ring::place`]).
+    Off,
 }
 
 /// Upper bound of `cost.index_buckets`.
@@ -386,7 +405,16 @@ fn one_of<T: Copy>(field: &str, value: &str, options: &[(&str, T)]) -> Result<T,
 }
 
 fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError> {
-    let enabled = one_of("cost.mode", &c.mode, &[("on", true), ("off", false)])?;
+    let mode = one_of(
+        "cost.mode",
+        &c.mode,
+        &[
+            ("spill", CostMode::Spill),
+            ("index", CostMode::Index),
+            ("off", CostMode::Off),
+        ],
+    )?;
+    let enabled = mode == CostMode::Index;
     let queue = one_of(
         "cost.queue",
         &c.queue,
@@ -523,6 +551,7 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
         max_age_ms: c.max_age_ms,
     };
     Ok(CostConfig {
+        mode,
         enabled,
         params: crate::cost::CostParams {
             prefill_tokens_per_s,
@@ -645,7 +674,7 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
         return Err(err(
             "gossip",
             "set",
-            "needs cost.mode \"on\" (it shares the cost rule's prefix index)",
+            "needs cost.mode \"index\" (it shares the index rule's prefix index)",
         ));
     }
     if g.peers.len() > MAX_GOSSIP_PEERS {
@@ -1396,7 +1425,7 @@ mod tests {
     fn gossip_config() {
         let h = r#""hosts":[{"address":"127.0.0.1:1"}]"#;
         let ok = Config::from_json(
-            format!(r#"{{{h},"gossip":{{"peers":["127.0.0.1:9000","envoy-b.svc:10000"],"cluster":"peers"}}}}"#)
+            format!(r#"{{{h},"cost":{{"mode":"index"}},"gossip":{{"peers":["127.0.0.1:9000","envoy-b.svc:10000"],"cluster":"peers"}}}}"#)
                 .as_bytes(),
         )
         .unwrap();
@@ -1415,20 +1444,19 @@ mod tests {
         assert_eq!(g.fingerprint, crate::gossip::fingerprint(&ok.cost.index));
         assert_eq!(g.name, None);
         let named = Config::from_json(
-            format!(r#"{{{h},"gossip":{{"peers":["b:1"],"cluster":"p","name":"a:1"}}}}"#)
+            format!(r#"{{{h},"cost":{{"mode":"index"}},"gossip":{{"peers":["b:1"],"cluster":"p","name":"a:1"}}}}"#)
                 .as_bytes(),
         )
         .unwrap();
         assert_eq!(named.gossip.unwrap().name.as_deref(), Some("a:1"));
         // Accept only.
-        assert!(
-            Config::from_json(format!(r#"{{{h},"gossip":{{}}}}"#).as_bytes())
-                .unwrap()
-                .gossip
-                .is_some()
-        );
+        assert!(Config::from_json(
+            format!(r#"{{{h},"cost":{{"mode":"index"}},"gossip":{{}}}}"#).as_bytes()
+        )
+        .unwrap()
+        .gossip
+        .is_some());
         let cases = [
-            (r#""cost":{"mode":"off"},"gossip":{}"#, "gossip"),
             (r#""gossip":{"peers":["127.0.0.1:9000"]}"#, "gossip.cluster"),
             (
                 r#""gossip":{"peers":["nope"],"cluster":"c"}"#,
@@ -1449,8 +1477,15 @@ mod tests {
             (r#""gossip":{"accept":false}"#, "gossip"),
         ];
         for (j, field) in cases {
-            let e = bad(&format!("{{{h},{j}}}"));
+            let e = bad(&format!(r#"{{{h},"cost":{{"mode":"index"}},{j}}}"#));
             assert_eq!(e.field, field, "{j}: {e}");
+        }
+        // Gossip shares the index rule's index: not with spill (the default) or off.
+        for mode in ["spill", "off"] {
+            let e = bad(&format!(
+                r#"{{{h},"cost":{{"mode":"{mode}"}},"gossip":{{}}}}"#
+            ));
+            assert_eq!(e.field, "gossip", "{e}");
         }
         let e = bad(&format!(r#"{{{h},"gossip":{{"peer":[]}}}}"#));
         assert!(e.to_string().contains("peer"), "{e}");
@@ -1587,7 +1622,8 @@ mod tests {
     #[test]
     fn cost_section() {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}]}"#).unwrap();
-        assert!(c.cost.enabled);
+        assert_eq!(c.cost.mode, CostMode::Spill);
+        assert!(!c.cost.enabled);
         assert_eq!(c.cost.params, crate::cost::CostParams::default());
         assert_eq!(c.cost.index, crate::index::IndexConfig::default());
         assert_eq!(
@@ -1595,7 +1631,7 @@ mod tests {
             crate::shared_index::SharedIndexConfig::default()
         );
         let c = Config::from_json(
-            br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"on","candidates":4,"service_s":0.25,"stride_chunks":8}}"#,
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"index","candidates":4,"service_s":0.25,"stride_chunks":8}}"#,
         )
         .unwrap();
         assert!(c.cost.enabled);
@@ -1604,7 +1640,7 @@ mod tests {
         assert_eq!(c.cost.index.stride_bytes(), 1024);
         assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Tokens);
         let c = Config::from_json(
-            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"on","queue":"requests"}}"#,
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"index","queue":"requests"}}"#,
         )
         .unwrap();
         assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Requests);

@@ -41,6 +41,12 @@ pub struct KeySink {
     key_bytes: u64,
     /// Keep hashing the whole stream after the key (for the prefix index).
     whole: bool,
+    /// Bytes of the group region: the key region capped at this.
+    group_limit: u64,
+    /// The group key, once fixed.
+    group: Option<u64>,
+    /// Every byte written, hashed or not.
+    seen: u64,
 }
 
 impl KeySink {
@@ -63,6 +69,9 @@ impl KeySink {
             key: None,
             key_bytes: 0,
             whole: false,
+            group_limit: prefix_bytes,
+            group: None,
+            seen: 0,
         }
     }
 
@@ -113,14 +122,27 @@ impl KeySink {
         self.chain.history()
     }
 
+    /// Length of the whole canonical stream, bytes (hashed or not).
+    pub fn seen_bytes(&self) -> u64 {
+        self.seen
+    }
+
+    /// The group key: the chained hash of the key region capped at
+    /// `prefix_bytes` (equal to [`KeySink::key`] when the key region is no
+    /// longer).
+    pub fn group(&self) -> u64 {
+        self.group.unwrap_or_else(|| self.key())
+    }
+
     fn fix_key(&mut self) {
         self.key = Some(self.chain.prefix_hash());
         self.key_bytes = self.chain.bytes();
+        if self.group.is_none() {
+            self.group = self.key;
+        }
     }
-}
 
-impl PromptSink for KeySink {
-    fn write(&mut self, bytes: &[u8]) {
+    fn write_inner(&mut self, bytes: &[u8]) {
         if self.key.is_some() {
             if self.whole {
                 self.chain.write(bytes);
@@ -141,6 +163,26 @@ impl PromptSink for KeySink {
             }
         }
         self.chain.write(bytes);
+    }
+}
+
+impl PromptSink for KeySink {
+    fn write(&mut self, bytes: &[u8]) {
+        self.seen = self.seen.saturating_add(bytes.len() as u64);
+        if self.group.is_none() && self.key.is_none() {
+            let room = self.group_limit.saturating_sub(self.chain.bytes());
+            if bytes.len() as u64 >= room {
+                let split = (room as usize).min(bytes.len());
+                let (head, tail) = bytes.split_at(split);
+                self.write_inner(head);
+                if self.group.is_none() {
+                    self.group = Some(self.chain.prefix_hash());
+                }
+                self.write_inner(tail);
+                return;
+            }
+        }
+        self.write_inner(bytes);
     }
 
     fn anchor(&mut self) {

@@ -37,6 +37,7 @@ pub mod ring;
 pub mod router;
 pub mod scrape;
 pub mod shared_index;
+pub mod spill;
 
 pub use config::{Config, ConfigError};
 pub use router::{Decision, FallbackCause, Key, KeySource, PromptChain, RequestHead, Router};

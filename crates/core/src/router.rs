@@ -108,6 +108,12 @@ pub struct Key {
     pub source: KeySource,
     /// Prompt bytes hashed to get it (0 for session keys).
     pub bytes_hashed: u64,
+    /// Length of the whole canonical prompt, bytes (0 when a session key
+    /// was taken without reading the prompt).
+    pub prompt_bytes: u64,
+    /// The group key: the key region capped at `key.prefix_bytes` (equal to
+    /// `hash` when the key region is no longer, and for session keys).
+    pub group: u64,
 }
 
 /// What the router decided.
@@ -312,12 +318,13 @@ impl Router {
             hash: hash::session_key(seed, s.as_bytes()),
             source: KeySource::Session,
             bytes_hashed: 0,
+            prompt_bytes: 0,
+            group: hash::session_key(seed, s.as_bytes()),
         });
         let mut sink = match stride {
             None => {
-                if let Some(key) = session_key {
-                    return Ok((key, PromptChain::default()));
-                }
+                // A session key still reads the prompt: its length prices
+                // the spill (`Key::prompt_bytes`).
                 KeySink::new(
                     seed,
                     self.cfg.chunk_bytes,
@@ -351,7 +358,13 @@ impl Router {
             bytes: sink.stream_bytes(),
         };
         if let Some(key) = session_key {
-            return Ok((key, chain));
+            return Ok((
+                Key {
+                    prompt_bytes: sink.seen_bytes(),
+                    ..key
+                },
+                chain,
+            ));
         }
         if k.use_user_field {
             if let Some(u) = m.user.as_deref().filter(|u| !u.is_empty()) {
@@ -360,6 +373,8 @@ impl Router {
                         hash: hash::session_key(seed, u.as_bytes()),
                         source: KeySource::User,
                         bytes_hashed: 0,
+                        prompt_bytes: sink.seen_bytes(),
+                        group: hash::session_key(seed, u.as_bytes()),
                     },
                     chain,
                 ));
@@ -370,6 +385,8 @@ impl Router {
                 hash: sink.key(),
                 source: KeySource::Prompt,
                 bytes_hashed: sink.bytes_hashed(),
+                prompt_bytes: sink.seen_bytes(),
+                group: sink.group(),
             },
             chain,
         ))
@@ -552,6 +569,55 @@ impl Router {
         }
     }
 
+    /// Place `key` by the configured rule that needs no prefix index:
+    /// `cost.mode = spill` ([`crate::spill`], the default; `seen` is this
+    /// proxy's table of recently seen groups, read and updated) or `off`
+    /// and `index` ([`Router::place`]: the index rule is
+    /// [`Router::place_cost_with`]).
+    pub fn place_with(
+        &self,
+        key: Key,
+        loads: &[HostLoad],
+        now_ms: u64,
+        seen: &mut crate::spill::Seen,
+    ) -> Decision {
+        if self.cfg.cost.mode != crate::config::CostMode::Spill {
+            return self.place(key, loads, now_ms);
+        }
+        let group_seen = seen.check_and_mark(key.group, now_ms);
+        let (eff, eligible) = self.loads(loads, now_ms);
+        let fresh = self.cfg.load.freshness();
+        let queues: Vec<Option<f64>> = (0..eff.len())
+            .map(|i| {
+                let r = loads.get(i)?.report?;
+                let age = now_ms.saturating_sub(r.at_ms);
+                (age <= fresh.ttl_ms && r.queue.is_finite())
+                    .then(|| r.queue.max(0.0) * fresh.weight(age))
+            })
+            .collect();
+        let p = &self.cfg.cost.params;
+        let held_bytes = presumed_held(&key, group_seen);
+        let x = crate::spill::Inputs {
+            loads: &eff,
+            queues: &queues,
+            eligible: &eligible,
+            held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
+            service_s: p.service_s,
+            group: Some(key.group),
+        };
+        match crate::spill::place(&self.ring, key.hash, &self.bound(), &x) {
+            Some(pl) => Decision::Routed {
+                host: pl.host,
+                skipped: pl.rank,
+                key,
+                cached: None,
+                moved: pl.why == crate::spill::Why::Priced,
+                hot_skipped: 0,
+            },
+            None => Decision::Fallback(FallbackCause::HostError),
+        }
+    }
+
     /// Place a key given each host's load (indexed like the config's hosts).
     pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
         let (eff, eligible) = self.loads(loads, now_ms);
@@ -581,6 +647,21 @@ impl Router {
             Ok(k) => self.place(k, loads, now_ms),
             Err(c) => Decision::Fallback(c),
         }
+    }
+}
+
+/// The prompt bytes every proxy presumes the first candidate holds: a
+/// session's or a continuation's (bytes beyond the key region: earlier
+/// turns) all of it; a
+/// first turn its key region when its long shared preamble (the group) was
+/// seen recently, else nothing.
+fn presumed_held(key: &Key, group_seen: bool) -> u64 {
+    if key.source != KeySource::Prompt || key.prompt_bytes > key.bytes_hashed {
+        key.prompt_bytes
+    } else if key.group != key.hash && group_seen {
+        key.bytes_hashed
+    } else {
+        0
     }
 }
 
@@ -679,7 +760,11 @@ mod tests {
             &loads,
             0,
         );
-        assert_eq!(d1, d5);
+        let host = |d: &Decision| match d {
+            Decision::Routed { host, .. } => Some(*host),
+            Decision::Fallback(_) => None,
+        };
+        assert_eq!(host(&d1), host(&d5));
         assert_eq!(d1.outcome(), "hit");
     }
 
@@ -701,7 +786,7 @@ mod tests {
 
     #[test]
     fn key_with_chain_keeps_keys() {
-        let r = cost_router(4, "on");
+        let r = cost_router(4, "index");
         let body = chat(&"long first message ".repeat(30), 3);
         for session in [None, Some("s1"), Some("")] {
             let k = r
@@ -749,7 +834,7 @@ mod tests {
 
     #[test]
     fn cost_on_follows_the_cache_and_the_queue() {
-        let r = cost_router(4, "on");
+        let r = cost_router(4, "index");
         let mut ix = r.new_index();
         let body = chat(&"x".repeat(4000), 3);
         let idle = vec![HostLoad::default(); 4];
@@ -781,7 +866,7 @@ mod tests {
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
         // ... or 3 requests in flight with `cost.queue: requests`.
-        let r = cost_router_with(4, r#""mode":"on","queue":"requests""#);
+        let r = cost_router_with(4, r#""mode":"index","queue":"requests""#);
         busy[walk[1]].pending_prefill_tokens = 0;
         let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
@@ -792,7 +877,7 @@ mod tests {
         // cost.queue = tokens: the owner's reported queue (work this router
         // did not send) is priced at service_s per request and moves a new
         // conversation; without the report the owner keeps it.
-        let r = cost_router_with(4, r#""mode":"on","queue":"tokens""#);
+        let r = cost_router_with(4, r#""mode":"index","queue":"tokens""#);
         let ix = r.new_index();
         let body = chat(&"new conversation ".repeat(200), 1);
         let idle = vec![HostLoad::default(); 4];
@@ -873,7 +958,8 @@ mod tests {
         let b = r
             .key(Api::ChatCompletions, chat("y", 3).as_bytes(), Some("s1"))
             .unwrap();
-        assert_eq!(a, b);
+        assert_eq!((a.hash, a.group), (b.hash, b.group));
+        assert!(a.prompt_bytes < b.prompt_bytes);
         assert_eq!(a.source, KeySource::Session);
     }
 
@@ -969,7 +1055,7 @@ mod tests {
 
     #[test]
     fn track_recent_feeds_the_hot_rule() {
-        let r = router(3);
+        let r = cost_router(3, "index");
         let mut trend = LoadTrend::new();
         let mut loads = vec![HostLoad::default(); 3];
         loads[0].inflight = 6;
@@ -1004,6 +1090,8 @@ mod tests {
                 hash: 0xab,
                 source: KeySource::Prompt,
                 bytes_hashed: 12,
+                prompt_bytes: 12,
+                group: 0xab,
             },
             cached: None,
             moved: false,

@@ -44,6 +44,10 @@ pub struct Params {
     pub vnodes: u32,
     pub chunk_bytes: u32,
     pub use_reports: Reports,
+    /// `cost=spill|off` (`cost.mode`; default the filter's, `spill`).
+    pub cost: String,
+    /// `service_s=X` (`cost.service_s`).
+    pub service_s: f64,
 }
 
 impl Default for Params {
@@ -57,6 +61,8 @@ impl Default for Params {
             vnodes: d.vnodes,
             chunk_bytes: d.chunk_bytes,
             use_reports: Reports::On,
+            cost: d.cost.mode,
+            service_s: d.cost.service_s,
         }
     }
 }
@@ -72,6 +78,8 @@ impl Params {
                 "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
                 "vnodes" => p.vnodes = num(k, v)? as u32,
                 "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
+                "cost" => p.cost = v.clone(),
+                "s" | "service_s" => p.service_s = num(k, v)?,
                 "reports" => {
                     p.use_reports = match v.as_str() {
                         "off" => Reports::Off,
@@ -129,6 +137,8 @@ impl Params {
         raw.chunk_bytes = self.chunk_bytes;
         raw.key.mode = mode.to_string();
         raw.key.prefix_bytes = self.prefix_bytes;
+        raw.cost.mode = self.cost.clone();
+        raw.cost.service_s = self.service_s;
         raw.compile()
             .map_err(|e| SpecError(format!("prefix-router: {e}")))
     }
@@ -143,6 +153,7 @@ pub struct PrefixRouter {
     loads: Vec<HostLoad>,
     use_reports: Reports,
     rr: usize,
+    seen: prefix_router_core::spill::Seen,
 }
 
 impl PrefixRouter {
@@ -158,6 +169,7 @@ impl PrefixRouter {
             loads: vec![HostLoad::default(); hosts],
             use_reports: p.use_reports,
             rr: 0,
+            seen: Default::default(),
         })
     }
 
@@ -241,7 +253,10 @@ impl Policy for PrefixRouter {
                 }
             }
         }
-        match self.router.place(key, &self.loads, view.now_ms()) {
+        let d = self
+            .router
+            .place_with(key, &self.loads, view.now_ms(), &mut self.seen);
+        match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
                 outcome: if skipped == 0 {

@@ -1,4 +1,4 @@
-//! This project's router with the cost rule on (`cost.mode = on`): the
+//! This project's router with the index rule (`cost.mode = index`): the
 //! core's [`Router::decide_with_cost`] (estimated TTFT over the key's owner
 //! and its ring successors under the load bound, see
 //! `prefix_router_core::cost`) with a learned
@@ -190,7 +190,7 @@ impl Params {
     pub fn config(&self, hosts: usize) -> Result<Config, SpecError> {
         let base = self.base.config(hosts)?;
         let mut raw = prefix_router_core::config::RawConfig::default_without_hosts();
-        raw.cost.mode = "on".into();
+        raw.cost.mode = "index".into();
         raw.cost.candidates = self.candidates;
         raw.cost.service_s = self.service_s;
         raw.cost.prefill_tokens_per_s = self.prefill_tps;
