@@ -125,12 +125,15 @@ fn document(tag: &str, i: usize, bytes: usize) -> String {
     s
 }
 
-fn opening(tag: &str, i: usize, bytes: usize) -> Vec<Value> {
-    vec![
-        json!({"role": "system", "content": "You answer questions about the user's document."}),
-        json!({"role": "user", "content": document(tag, i, bytes)}),
-        json!({"role": "assistant", "content": "I have read the document. What do you want to know?"}),
-    ]
+/// A conversation's history before its first turn: the system prompt (the first turn's user
+/// message carries the document and the first question, as a real first turn does).
+fn opening() -> Vec<Value> {
+    vec![json!({"role": "system", "content": "You answer questions about the user's document."})]
+}
+
+/// The first user message: the document, then the question.
+fn first_message(tag: &str, i: usize, bytes: usize) -> String {
+    format!("{}\n\nSummarize document {i}.", document(tag, i, bytes))
 }
 
 fn turn(agent: &ureq::Agent, url: &str, history: &mut Vec<Value>, user: &str) -> RequestRecord {
@@ -198,12 +201,10 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
     let agent = http::agent(Duration::from_secs(60));
 
     // Warm-up.
-    let mut histories: Vec<Vec<Value>> = (0..opts.old)
-        .map(|i| opening("old", i, opts.doc_bytes))
-        .collect();
+    let mut histories: Vec<Vec<Value>> = (0..opts.old).map(|_| opening()).collect();
     let mut old_homes = Vec::with_capacity(opts.old);
     for (i, h) in histories.iter_mut().enumerate() {
-        let a = turn(&agent, &url, h, &format!("Summarize document {i}."));
+        let a = turn(&agent, &url, h, &first_message("old", i, opts.doc_bytes));
         let b = turn(&agent, &url, h, "What are the open issues?");
         if !(a.ok() && b.ok()) {
             return lab_err!("warm-up of conversation {i} failed: {a:?} {b:?}");
@@ -264,8 +265,13 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
     spiked_waiting.push(waiting(&lab));
     let mut new = Vec::with_capacity(opts.new);
     for i in 0..opts.new {
-        let mut h = opening("new", i, opts.doc_bytes);
-        let r = turn(&agent, &url, &mut h, &format!("Summarize document {i}."));
+        let mut h = opening();
+        let r = turn(
+            &agent,
+            &url,
+            &mut h,
+            &first_message("new", i, opts.doc_bytes),
+        );
         new.push(measured(i, &r));
         if i % 4 == 3 {
             spiked_waiting.push(waiting(&lab));

@@ -149,22 +149,8 @@ fn stickiness_and_hit_rate_vs_round_robin() {
     };
 
     let pr_lab = start("e2e-sticky-pr", EnvoyMode::PrefixRouter);
-    let (pr_run, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
-    let credited_counter = filter_counter(&pr_lab, &["prefix_router", "credited_tokens"]);
+    let (_, pr) = ok(pr_lab.run_workload(&workload, "prefix-router"));
     drop(pr_lab);
-    // What the index credited each chosen replica with, from the decision headers (bytes, at
-    // the default 4 bytes per token, rounded up as the filter does).
-    let credited_headers: u64 = pr_run
-        .records
-        .iter()
-        .filter_map(|r| {
-            let d = r.decision.as_deref()?;
-            prefix_router_lab::workload::decision_field(d, "cached")?
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|b| b.div_ceil(4))
-        .sum();
     let rr_lab = start("e2e-sticky-rr", EnvoyMode::RoundRobin);
     let (_, rr) = ok(rr_lab.run_workload(&workload, "round-robin"));
     drop(rr_lab);
@@ -180,24 +166,6 @@ fn stickiness_and_hit_rate_vs_round_robin() {
     }
     if rr.ok != total {
         problems.push(format!("round-robin: {}/{total} requests succeeded", rr.ok));
-    }
-    // The counter operators size `cost.host_tokens` with is exactly the headers' sum.
-    if credited_counter != credited_headers as f64 || credited_headers == 0 {
-        problems.push(format!(
-            "prefix_router.cost.credited_tokens = {credited_counter}, decision headers say \
-             {credited_headers}"
-        ));
-    }
-    // And the index is right about what it credits: in this regime (measured 7.6% at this
-    // seed) little of the credit is for prefixes the replica no longer held.
-    if let Some((t, over)) = pr.index_credit {
-        if over as f64 > 0.25 * t as f64 {
-            problems.push(format!(
-                "{over} of {t} credited tokens were not cached at the replica (want <= 25%)"
-            ));
-        }
-    } else {
-        problems.push("no index credit in the decision headers".to_string());
     }
     if pr.majority_share < 0.98 {
         problems.push(format!(
@@ -1286,25 +1254,25 @@ fn check_spike(
     let table = spike::table(ring, cost);
     eprintln!("{table}");
     assert!(spike::all_ok(ring) && spike::all_ok(cost), "{table}");
-    // Same ring, same conversations: the same replica gets the spike in both runs.
-    assert_eq!(ring.spiked, cost.spiked, "{table}");
-    assert_eq!(ring.old_homes, cost.old_homes, "{table}");
-    let spiked = &cost.spiked;
-    let owned: Vec<usize> = ring
-        .new
-        .iter()
-        .filter(|m| m.backend == *spiked)
-        .map(|m| m.conversation)
-        .collect();
+    // The bounded ring alone sends the new conversations its spiked replica owns there: the
+    // scenario has something to show.
+    let owned = ring.new.iter().filter(|m| m.backend == ring.spiked).count();
     assert!(
-        !owned.is_empty(),
-        "no new conversation is owned by {spiked}: the scenario shows nothing\n{table}"
+        owned > 0,
+        "no new conversation went to the ring's spiked replica: the scenario shows nothing\n{table}"
+    );
+    // The rule under test: every old conversation stays with its cache (its home before the
+    // spike, the spiked replica included), and no new conversation goes to the spiked replica.
+    let spiked = &cost.spiked;
+    assert!(
+        cost.old_homes.iter().any(|h| h == spiked),
+        "no old conversation cached on {spiked}\n{table}"
     );
     for m in &cost.old {
         let home = &cost.old_homes[m.conversation];
         assert_eq!(
             &m.backend, home,
-            "cost rule: old conversation {} left its cache ({home}): {}\n{table}",
+            "old conversation {} left its cache ({home}): {}\n{table}",
             m.conversation, m.decision
         );
         if m.decision.contains("cached=") {
@@ -1319,13 +1287,9 @@ fn check_spike(
     for m in &cost.new {
         assert_ne!(
             &m.backend, spiked,
-            "cost rule: new conversation {} sent to the busy replica: {}\n{table}",
+            "new conversation {} sent to the busy replica: {}\n{table}",
             m.conversation, m.decision
         );
-    }
-    // The ring alone (under the bound) sends the owned ones to the busy replica.
-    for &i in &owned {
-        assert_eq!(&ring.new[i].backend, spiked);
     }
 }
 
@@ -1603,7 +1567,8 @@ fn gossip_lets_a_second_envoy_follow_what_the_first_learned() {
         let opts = |me: u16, other: u16| {
             let mut patch = json!({
                 "scrape": {"cluster": "llm", "interval_ms": 100, "timeout_ms": 100},
-                "load": {"report_ttl_ms": 2000}
+                "load": {"report_ttl_ms": 2000},
+                "cost": {"mode": "index"}
             });
             if gossip {
                 patch["gossip"] = json!({
@@ -1929,7 +1894,7 @@ fn prefill_rate_is_learned_from_streamed_responses() {
             label,
             EnvoyMode::PrefixRouter,
             FilterConfig::Patched(json!({
-                "cost": {"learn_prefill": learn, "prefill_tokens_per_s": 64000.0}
+                "cost": {"mode": "index", "learn_prefill": learn, "prefill_tokens_per_s": 64000.0}
             })),
         );
         let agent = http::agent(Duration::from_secs(30));
@@ -2025,6 +1990,7 @@ fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
             // The half-floor rule (the earlier default), pinned with ring ties so that
             // without the rule new conversations go to their ring owner.
             FilterConfig::Patched(json!({"cost": {
+                "mode": "index",
                 "hot_window_s": window, "hot_factor": 1.1, "hot_rule": "half_floor",
                 "inflight_s": 0.0, "ties": "ring"
             }})),
@@ -2088,7 +2054,7 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
                 "capacity_factor": 1.5,
                 // Ring ties: a new conversation nobody holds goes to its ring owner unless a
                 // rule passes the owner over (load ties would avoid the busy replica anyway).
-                "cost": {"hot_rule": rule, "hot_window_s": 1, "ties": "ring"},
+                "cost": {"mode": "index", "hot_rule": rule, "hot_window_s": 1, "ties": "ring"},
                 "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
             })),
         );
@@ -2198,7 +2164,7 @@ fn load_ties_send_new_conversations_to_the_least_loaded_replica() {
             &label,
             EnvoyMode::PrefixRouter,
             FilterConfig::Patched(json!({
-                "cost": {"ties": ties, "hot_window_s": 0},
+                "cost": {"mode": "index", "ties": ties, "hot_window_s": 0},
                 "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
             })),
         );
@@ -2317,7 +2283,7 @@ fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
                 // rule a replica serving one request in an idle fleet is hot, and B would
                 // pass it over from A's report alone; here only load gossip may steer B.
                 filter: FilterConfig::Patched(json!({
-                    "gossip": g, "cost": {"hot_window_s": 0, "inflight_s": 0}
+                    "gossip": g, "cost": {"mode": "index", "hot_window_s": 0, "inflight_s": 0}
                 })),
                 listener_port: Some(me),
                 peers: vec![peer(other)],

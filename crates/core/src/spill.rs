@@ -1,53 +1,69 @@
-//! The priced spill: stay on the key's ring owner unless leaving it saves
-//! the fleet more time than the miss costs.
+//! The priced spill (`cost.mode = "spill"`, the default): a request stays
+//! where every proxy presumes its prefix is cached unless leaving saves the
+//! fleet more time than the miss costs.
 //!
 //! ## Algorithm
-//! Walk the key's ring order over eligible hosts: `o` (the owner), then its
-//! successors. Every proxy presumes `o` holds the key's prefix (every proxy
-//! sends the key there), so a request sent elsewhere is a miss that
-//! re-prefills the prompt.
+//! 1. **Candidates** (at most [`CANDIDATES`], eligible hosts only): the
+//!    owner of the request's *group* key (the key region capped at
+//!    `key.prefix_bytes`: a long shared preamble such as a system prompt or
+//!    a document), then the owner of its key and the key's ring successors.
+//!    The first candidate, `o`, is where every proxy sends the key, so every
+//!    proxy presumes it holds the prefix.
+//! 2. **What `o` is presumed to hold** (`held`, bytes, converted to prefill
+//!    seconds `held_s = held / bytes_per_token / prefill_tokens_per_s`):
+//!    the whole prompt for a conversation's later turn (a prompt longer
+//!    than its key region) or a session key; the key region for a first
+//!    turn whose group this proxy saw in the last 5 minutes ([`Seen`]);
+//!    nothing otherwise.
+//! 3. **Nothing held**: bounded loads over the candidates, and among those
+//!    under their bound the shortest reported wait `W_h = q_h x service_s`
+//!    (`q_h`: the replica's fresh reported prefill queue, vLLM's
+//!    `num_requests_waiting`); ring order breaks ties. A new prompt costs
+//!    the same everywhere, so it goes where it waits least.
+//! 4. **Something held**: `o` keeps the request while its load is under
+//!    this key's bound, `c^u` times the fleet's mean (`u` in `[1, 2)` from
+//!    the key's hash: keys leave a loaded owner one by one as its load
+//!    grows, the same keys each time). Over it, the request goes to the
+//!    candidate `j` under its bound with the largest
 //!
-//! With a fresh reported prefill queue `q_h` (requests whose prefill has not
-//! started: vLLM's `num_requests_waiting`) for the owner and a candidate `j`,
-//! the cost of each choice in units of this prompt's prefill time is
+//!    ```text
+//!    net_j = (W_o - W_j) - held_s x q_j x u
+//!    ```
 //!
-//! ```text
-//! cost_o = q_o                      (wait behind the owner's queue)
-//! cost_j = q_j + r (1 + q_j)        (wait at j, plus the miss's prefill
-//!                                    priced at 1/(1 - rho_j) = 1 + q_j)
-//! ```
-//!
-//! where `r` is this prompt's prefill relative to a queued request's. The
-//! miss's price is its prefill plus the delay it adds to the requests
-//! queued behind it at `j`: in a queue with utilisation rho a unit of work
-//! delays later arrivals by rho / (1 - rho) units, and rho / (1 - rho) is
-//! the queue length in service times, so a miss at a replica with `q_j`
-//! waiting costs the fleet `r (1 + q_j)`. The cheapest of the owner and the
-//! next candidates wins; ties go to the earlier host on the walk.
-//!
-//! Without a fresh report for the owner the rule is plain bounded loads
-//! ([`Ring::place`]) on the effective load.
+//!    if `net_j >= 0`, else stays on `o`. `W_o - W_j` is the wait saved;
+//!    `held_s x q_j` prices the miss at what it costs the fleet: the prefix
+//!    `j` must prefill again delays each of the `q_j` requests queued there
+//!    (under load, a queue of `q` requests means a utilisation `rho` with
+//!    `rho / (1 - rho)` about `q`, the delay a unit of work adds to those
+//!    behind it). With an idle candidate the bound decides, as in plain
+//!    bounded loads; as the fleet saturates the price grows with every
+//!    queue and hits are kept.
+//! 5. **No fresh report for `o`**: plain bounded loads ([`Ring::place`]).
 //!
 //! ## Consistency
-//! Every input that can move a request off its owner is one every proxy
-//! sees alike: the ring, the config and the replicas' reports. A proxy's
-//! own in-flight counts move a request only when the owner has no fresh
-//! report.
+//! What moves a request is the same in every proxy: the ring, the config,
+//! and the replicas' reports. A proxy's own in-flight requests enter only
+//! through the bound, as its share of the load the reports also show, and
+//! [`Seen`] only for first turns of a long preamble (a popular preamble is
+//! seen by every proxy). No prefix index, no gossip.
 //!
 //! ## Complexity
-//! The walk stops after `candidates` eligible hosts: O(candidates) host
-//! reads and arithmetic per request.
+//! Two ring walks of at most [`CANDIDATES`] hosts, O(1) arithmetic per
+//! candidate, one [`Seen`] slot; the bound reads the total load (O(hosts)
+//! today, from the loads the caller already gathered).
 
 use crate::ring::{Bound, Ring};
 
 /// Why the priced spill chose its host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Why {
-    /// The owner: its queue is no worse than any candidate's priced cost.
+    /// The first candidate (the group's or the key's owner).
     Owner,
-    /// A successor whose priced cost beat the owner's queue.
+    /// A later candidate: a shorter wait (nothing held), or a net saving
+    /// over the first candidate's bound.
     Priced,
-    /// No fresh report for the owner: bounded loads decided.
+    /// Plain bounded loads decided (no fresh report, or every candidate
+    /// over its bound).
     Bound,
 }
 
@@ -259,4 +275,170 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         rank: best.1,
         why: if best.1 == 0 { Why::Owner } else { Why::Priced },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ring(n: usize) -> Ring {
+        let names: Vec<String> = (0..n).map(|i| format!("10.0.0.{i}:8000")).collect();
+        Ring::new(names.iter().map(|s| (s.as_str(), 1.0)), 100)
+    }
+
+    fn bound() -> Bound {
+        Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        }
+    }
+
+    fn order(r: &Ring, key: u64) -> Vec<usize> {
+        r.walk(key).collect()
+    }
+
+    fn inputs<'a>(
+        loads: &'a [u64],
+        queues: &'a [Option<f64>],
+        eligible: &'a [bool],
+        held_s: f64,
+    ) -> Inputs<'a> {
+        Inputs {
+            loads,
+            queues,
+            eligible,
+            held_s,
+            service_s: 0.5,
+            group: None,
+        }
+    }
+
+    #[test]
+    fn a_new_prompt_takes_the_shortest_wait_under_the_bound() {
+        let r = ring(4);
+        let key = 42;
+        let w = order(&r, key);
+        let mut q = vec![Some(0.0); 4];
+        q[w[0]] = Some(3.0);
+        q[w[1]] = Some(1.0);
+        let loads = vec![0; 4];
+        let el = vec![true; 4];
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.0)).unwrap();
+        assert_eq!((p.host, p.rank, p.why), (w[2], 2, Why::Priced));
+        // Equal waits: ring order.
+        let q = vec![Some(0.0); 4];
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.0)).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
+    }
+
+    #[test]
+    fn a_held_prompt_stays_under_its_bound_whatever_the_queue() {
+        let r = ring(4);
+        let key = 7;
+        let w = order(&r, key);
+        let mut q = vec![Some(0.0); 4];
+        q[w[0]] = Some(20.0);
+        let loads = vec![1; 4];
+        let el = vec![true; 4];
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.5)).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
+    }
+
+    #[test]
+    fn over_its_bound_a_held_prompt_moves_to_an_idle_candidate_and_stays_against_a_queue() {
+        let r = ring(4);
+        let key = 9;
+        let w = order(&r, key);
+        // The owner is far over any bound (c^2 x mean of 33 / 4 < 20).
+        let mut loads = vec![4; 4];
+        loads[w[0]] = 21;
+        let el = vec![true; 4];
+        let mut q = vec![Some(0.0); 4];
+        q[w[0]] = Some(2.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
+        assert_eq!(
+            (p.host, p.why),
+            (w[1], Why::Priced),
+            "idle candidate: the bound decides"
+        );
+        // Every other candidate has a queue of 1: the wait saved (1 x 0.5 s)
+        // is less than re-prefilling 2 s of prefix there (2 x 1 x u).
+        let mut q = vec![Some(1.0); 4];
+        q[w[0]] = Some(2.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner), "the hit is kept");
+        // A long enough queue at the owner outweighs it.
+        let mut q = vec![Some(1.0); 4];
+        q[w[0]] = Some(30.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
+        assert_ne!(p.host, w[0]);
+    }
+
+    #[test]
+    fn without_a_report_it_is_plain_bounded_loads() {
+        let r = ring(5);
+        let el = vec![true; 5];
+        let q = vec![None; 5];
+        for key in 0..200u64 {
+            let key = crate::hash::hash(&key.to_le_bytes(), 3);
+            let loads: Vec<u64> = (0..5).map(|i| (key >> (i * 3)) & 15).collect();
+            let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 1.0)).unwrap();
+            let want = r.place(key, &loads, &bound(), &el).unwrap();
+            assert_eq!(p.host, want.host);
+        }
+    }
+
+    #[test]
+    fn the_group_owner_comes_first() {
+        let r = ring(6);
+        let (key, group) = (11u64, 0xdead_beef_u64);
+        let g0 = r.owner(group).unwrap();
+        let q = vec![Some(0.0); 6];
+        let loads = vec![0; 6];
+        let el = vec![true; 6];
+        let mut x = inputs(&loads, &q, &el, 1.0);
+        x.group = Some(group);
+        let p = place(&r, key, &bound(), &x).unwrap();
+        assert_eq!((p.host, p.rank), (g0, 0));
+        // An ejected group owner: the key's own walk.
+        let mut el = vec![true; 6];
+        el[g0] = false;
+        x.eligible = &el;
+        let p = place(&r, key, &bound(), &x).unwrap();
+        assert_eq!(p.host, r.walk(key).find(|&h| h != g0).unwrap());
+    }
+
+    #[test]
+    fn seen_remembers_a_group_for_five_minutes() {
+        let mut s = Seen::default();
+        assert!(!s.check_and_mark(5, 1_000));
+        assert!(s.check_and_mark(5, 2_000));
+        assert!(s.check_and_mark(5, 2_000 + SEEN_MS));
+        assert!(!s.check_and_mark(5, 3_000 + 2 * SEEN_MS));
+        // A colliding group takes the slot.
+        let other = 5 + SEEN_SLOTS as u64;
+        assert!(!s.check_and_mark(other, 4_000 + 2 * SEEN_MS));
+        assert!(!s.check_and_mark(5, 4_000 + 2 * SEEN_MS));
+    }
+
+    proptest! {
+        #[test]
+        fn the_choice_is_eligible_and_a_function_of_its_inputs(
+            key in any::<u64>(),
+            loads in proptest::collection::vec(0u64..40, 6),
+            queues in proptest::collection::vec(proptest::option::of(0.0f64..30.0), 6),
+            eligible in proptest::collection::vec(any::<bool>(), 6),
+            held in 0.0f64..5.0,
+        ) {
+            let r = ring(6);
+            let x = inputs(&loads, &queues, &eligible, held);
+            let a = place(&r, key, &bound(), &x);
+            prop_assert_eq!(a, place(&r, key, &bound(), &x));
+            match a {
+                Some(p) => prop_assert!(eligible[p.host]),
+                None => prop_assert!(eligible.iter().all(|e| !e)),
+            }
+        }
+    }
 }
