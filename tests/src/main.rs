@@ -68,18 +68,16 @@ Measures the filter's added latency: Envoy without a filter, with the do-nothing
 filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
 Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
 
-usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
+usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--new-bytes B] [--loopers N] [--queue Q]
                                [--cost-patch JSON]
 
-The cost rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with a
-`doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
+The default rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with
+a `doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
 holding most of them busy (a real queue, under the load bound) while the next turn of every
-old conversation and the first turn of `new` conversations go through Envoy. Runs the bounded
-ring alone (cost.mode off), then the cost rule (on), and prints TTFT and placements side by
-side. Defaults: --old 8 --new 24 --doc-bytes 65536 --loopers 7 --queue tokens (cost.queue
-of the cost run: tokens or requests). --cost-patch merges more `cost` fields into the cost run,
-e.g. the earlier default hot rule: '{\"hot_rule\": \"half_floor\", \"hot_window_s\": 10,
-\"hot_factor\": 1.1, \"inflight_s\": 0}'.
+old conversation and the first turn of `new` conversations (`new-bytes` first messages) go
+through Envoy. Runs the bounded ring alone (cost.mode off), then the default (spill), and prints
+TTFT and placements side by side. Defaults: --old 8 --new 24 --doc-bytes 65536 --new-bytes 2048
+--loopers 7. --cost-patch merges `cost` fields into the second run, e.g. '{\"mode\": \"index\"}'.
 
 usage: prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 
@@ -432,6 +430,7 @@ fn spike(args: &[String]) -> Result<(), String> {
             "--old" => opts.old = v.parse().map_err(|_| bad())?,
             "--new" => opts.new = v.parse().map_err(|_| bad())?,
             "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
+            "--new-bytes" => opts.new_bytes = v.parse().map_err(|_| bad())?,
             "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
             "--queue" => opts.queue = v.to_string(),
             "--cost-patch" => {

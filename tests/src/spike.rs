@@ -52,8 +52,13 @@ pub struct SpikeOptions {
     pub old: usize,
     /// Conversations started during the spike.
     pub new: usize,
-    /// Size of each conversation's opening document, bytes.
+    /// Size of each old conversation's opening document, bytes.
     pub doc_bytes: usize,
+    /// Size of each new conversation's first message, bytes: a short chat, whose prefill
+    /// costs less than the spiked queue's wait (a new conversation opening with a document as
+    /// long as the old ones' stays with its owner: re-prefilling it at its next turn would cost
+    /// more than the wait saved now).
+    pub new_bytes: usize,
     /// Clients keeping the spiked replica busy.
     pub loopers: usize,
     /// `cost.queue`: `"tokens"` (default, the filter's) or `"requests"`.
@@ -71,6 +76,7 @@ impl Default for SpikeOptions {
             old: 8,
             new: 24,
             doc_bytes: 64 * 1024,
+            new_bytes: 2 * 1024,
             loopers: 7,
             queue: "tokens".to_string(),
             cost_patch: serde_json::Map::new(),
@@ -270,7 +276,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
             &agent,
             &url,
             &mut h,
-            &first_message("new", i, opts.doc_bytes),
+            &first_message("new", i, opts.new_bytes),
         );
         new.push(measured(i, &r));
         if i % 4 == 3 {

@@ -570,21 +570,13 @@ impl Router {
     }
 
     /// Place `key` by the configured rule that needs no prefix index:
-    /// `cost.mode = spill` ([`crate::spill`], the default; `seen` is this
-    /// proxy's table of recently seen groups, read and updated) or `off`
-    /// and `index` ([`Router::place`]: the index rule is
+    /// `cost.mode = spill` ([`crate::spill`], the default) or `off` and
+    /// `index` ([`Router::place`]; the index rule is
     /// [`Router::place_cost_with`]).
-    pub fn place_with(
-        &self,
-        key: Key,
-        loads: &[HostLoad],
-        now_ms: u64,
-        seen: &mut crate::spill::Seen,
-    ) -> Decision {
+    pub fn place_with(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
         if self.cfg.cost.mode != crate::config::CostMode::Spill {
             return self.place(key, loads, now_ms);
         }
-        let group_seen = seen.check_and_mark(key.group, now_ms);
         let (eff, eligible) = self.loads(loads, now_ms);
         let fresh = self.cfg.load.freshness();
         let queues: Vec<Option<f64>> = (0..eff.len())
@@ -596,7 +588,10 @@ impl Router {
             })
             .collect();
         let p = &self.cfg.cost.params;
-        let held_bytes = presumed_held(&key, group_seen);
+        // Every proxy presumes the first candidate holds the prompt, or
+        // will after this request (a conversation's next turn comes back
+        // to it): leaving costs re-prefilling it.
+        let held_bytes = key.prompt_bytes;
         let x = crate::spill::Inputs {
             loads: &eff,
             queues: &queues,
@@ -647,21 +642,6 @@ impl Router {
             Ok(k) => self.place(k, loads, now_ms),
             Err(c) => Decision::Fallback(c),
         }
-    }
-}
-
-/// The prompt bytes every proxy presumes the first candidate holds: a
-/// session's or a continuation's (bytes beyond the key region: earlier
-/// turns) all of it; a
-/// first turn its key region when its long shared preamble (the group) was
-/// seen recently, else nothing.
-fn presumed_held(key: &Key, group_seen: bool) -> u64 {
-    if key.source != KeySource::Prompt || key.prompt_bytes > key.bytes_hashed {
-        key.prompt_bytes
-    } else if key.group != key.hash && group_seen {
-        key.bytes_hashed
-    } else {
-        0
     }
 }
 

@@ -1,56 +1,55 @@
 //! The priced spill (`cost.mode = "spill"`, the default): a request stays
-//! where every proxy presumes its prefix is cached unless leaving saves the
-//! fleet more time than the miss costs.
+//! where every proxy presumes its prefix is cached unless leaving saves more
+//! time than the miss costs the fleet.
 //!
 //! ## Algorithm
 //! 1. **Candidates** (at most [`CANDIDATES`], eligible hosts only): the
 //!    owner of the request's *group* key (the key region capped at
-//!    `key.prefix_bytes`: a long shared preamble such as a system prompt or
-//!    a document), then the owner of its key and the key's ring successors.
-//!    The first candidate, `o`, is where every proxy sends the key, so every
-//!    proxy presumes it holds the prefix.
-//! 2. **What `o` is presumed to hold** (`held`, bytes, converted to prefill
-//!    seconds `held_s = held / bytes_per_token / prefill_tokens_per_s`):
-//!    the whole prompt for a conversation's later turn (a prompt longer
-//!    than its key region) or a session key; the key region for a first
-//!    turn whose group this proxy saw in the last 5 minutes ([`Seen`]);
-//!    nothing otherwise.
-//! 3. **Nothing held**: bounded loads over the candidates, and among those
-//!    under their bound the shortest reported wait `W_h = q_h x service_s`
-//!    (`q_h`: the replica's fresh reported prefill queue, vLLM's
-//!    `num_requests_waiting`); ring order breaks ties. A new prompt costs
-//!    the same everywhere, so it goes where it waits least.
-//! 4. **Something held**: `o` keeps the request while its load is under
-//!    this key's bound, `c^u` times the fleet's mean (`u` in `[1, 2)` from
-//!    the key's hash: keys leave a loaded owner one by one as its load
-//!    grows, the same keys each time). Over it, the request goes to the
-//!    candidate `j` under its bound with the largest
+//!    `key.prefix_bytes`: a long shared preamble, such as a system prompt or
+//!    a document, is one group), then the owner of its key and the key's
+//!    ring successors. The first candidate `o` is where every proxy sends
+//!    the request, so every proxy presumes it holds the prompt, or will
+//!    after this request: a conversation's next turn comes back to it.
+//!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
+//!    bytes_per_token / prefill_tokens_per_s`.
+//! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
+//!    service_s`, `q_h` the fresh reported prefill queue (vLLM's
+//!    `num_requests_waiting`, ORCA or scrape), faded by age.
+//! 3. **Under its bound** (`c^u` times the fleet's mean, floor
+//!    `min_capacity`; `u` in `[1, 2)` from the key's hash, so keys leave a
+//!    loaded owner one by one as its load grows, the same keys each time)
+//!    `o` keeps the request unless a candidate `j` under its own bound has
 //!
 //!    ```text
-//!    net_j = (W_o - W_j) - held_s x q_j x u
+//!    (W_o - W_j) - held_s x (1 + q_j) x u  >  0
 //!    ```
 //!
-//!    if `net_j >= 0`, else stays on `o`. `W_o - W_j` is the wait saved;
-//!    `held_s x q_j` prices the miss at what it costs the fleet: the prefix
-//!    `j` must prefill again delays each of the `q_j` requests queued there
-//!    (under load, a queue of `q` requests means a utilisation `rho` with
-//!    `rho / (1 - rho)` about `q`, the delay a unit of work adds to those
-//!    behind it). With an idle candidate the bound decides, as in plain
-//!    bounded loads; as the fleet saturates the price grows with every
-//!    queue and hits are kept.
+//!    The wait saved must pay the re-prefill (`held_s`) and the delay that
+//!    work adds to the `q_j` requests queued at `j`: under load a queue of
+//!    `q` requests means a utilisation `rho` with `rho / (1 - rho)` about
+//!    `q`, the delay a unit of work adds to those behind it, so a miss is
+//!    worth more the busier the fleet is and hits are kept near
+//!    saturation.
+//! 4. **Over its bound** `o` gives way to the candidate under its bound
+//!    with the largest `(W_o - W_j) - held_s x q_j x u` if it is not
+//!    negative: against an idle candidate the bound decides, as in plain
+//!    bounded loads. If every candidate is over its bound: plain bounded
+//!    loads along the whole walk ([`Ring::place`]).
 //! 5. **No fresh report for `o`**: plain bounded loads ([`Ring::place`]).
+//!
+//! Ties go to the earlier candidate.
 //!
 //! ## Consistency
 //! What moves a request is the same in every proxy: the ring, the config,
-//! and the replicas' reports. A proxy's own in-flight requests enter only
-//! through the bound, as its share of the load the reports also show, and
-//! [`Seen`] only for first turns of a long preamble (a popular preamble is
-//! seen by every proxy). No prefix index, no gossip.
+//! the request's own bytes and the replicas' reports. A proxy's own
+//! in-flight requests enter only through the bound, as its share of the
+//! load the reports also show. No prefix index, no gossip, no state per
+//! key.
 //!
 //! ## Complexity
-//! Two ring walks of at most [`CANDIDATES`] hosts, O(1) arithmetic per
-//! candidate, one [`Seen`] slot; the bound reads the total load (O(hosts)
-//! today, from the loads the caller already gathered).
+//! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
+//! candidate; the bound reads the total load (O(hosts) today, from the
+//! loads the caller already gathered).
 
 use crate::ring::{Bound, Ring};
 
@@ -123,43 +122,6 @@ fn candidates(ring: &Ring, key: u64, x: &Inputs<'_>, n: usize) -> Vec<usize> {
     out
 }
 
-/// Group keys this proxy has seen recently: a direct-mapped table of
-/// `SEEN_SLOTS` (group key, last seen ms) pairs. A first turn whose long
-/// shared preamble (its group) was seen here recently is presumed held by
-/// the group's owner; one never seen is presumed held nowhere. Popular
-/// groups are seen by every proxy, so proxies agree on them; a collision
-/// only forgets a group early. O(1) per request, 16 KiB.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    slots: Vec<(u64, u64)>,
-}
-
-/// Slots of [`Seen`].
-pub const SEEN_SLOTS: usize = 1024;
-/// How long a group stays "seen" without a new request, ms.
-pub const SEEN_MS: u64 = 300_000;
-
-impl Default for Seen {
-    fn default() -> Self {
-        Seen {
-            slots: vec![(0, 0); SEEN_SLOTS],
-        }
-    }
-}
-
-impl Seen {
-    /// Whether `group` was seen within [`SEEN_MS`] of `now_ms`; records it.
-    pub fn check_and_mark(&mut self, group: u64, now_ms: u64) -> bool {
-        let i = (group % SEEN_SLOTS as u64) as usize;
-        let Some(slot) = self.slots.get_mut(i) else {
-            return false;
-        };
-        let seen = slot.0 == group && slot.1 > 0 && now_ms.saturating_sub(slot.1) <= SEEN_MS;
-        *slot = (group, now_ms.max(1));
-        seen
-    }
-}
-
 /// This key's spread of the spill price, `1 + u` with `u` in `[0, 1)`
 /// from the key's top 53 bits.
 pub fn spread(key: u64) -> f64 {
@@ -192,57 +154,12 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         });
     };
     let w_o = q_o.max(0.0) * x.service_s;
-    if x.held_s <= 0.0 {
-        // Nothing presumed held anywhere: bounded loads, and among the
-        // candidates under the bound the shortest reported wait (ring
-        // order on ties).
-        let mut best: Option<(usize, u32, f64)> = None;
-        for (i, &h) in cands.iter().enumerate() {
-            if !under(h) {
-                continue;
-            }
-            let w = x.queues.get(h).copied().flatten().unwrap_or(0.0).max(0.0) * x.service_s;
-            if best.is_none_or(|b| w < b.2) {
-                best = Some((h, i as u32, w));
-            }
-        }
-        return match best {
-            Some((h, rank, _)) => Some(Placed {
-                host: h,
-                rank,
-                why: if rank == 0 { Why::Owner } else { Why::Priced },
-            }),
-            None => {
-                let el: Vec<bool> = (0..ring.hosts())
-                    .map(|h| x.eligible.get(h).copied().unwrap_or(true))
-                    .collect();
-                ring.place(key, x.loads, bound, &el).map(|p| Placed {
-                    host: p.host,
-                    rank: p.skipped,
-                    why: Why::Bound,
-                })
-            }
-        };
-    }
-    // Something presumed held at the owner: it keeps the request while
-    // under this key's bound, the capacity factor raised to `u` (keys leave
-    // a loaded owner one by one as its load grows, and the same keys each
-    // time). Over it, the request goes to the later candidate under its
-    // bound with the best net saving, the wait saved less the miss's price,
-    // if that is not negative: with equal queues the bound decides; against
-    // a queued candidate the hit is kept unless the wait saved outweighs it.
     let u = spread(key);
     let keyed = Bound {
         factor: bound.factor.powf(u),
         ..*bound
     };
-    if x.loads.get(owner).copied().unwrap_or(0) < ring.capacity(owner, total, &keyed) {
-        return Some(Placed {
-            host: owner,
-            rank: 0,
-            why: Why::Owner,
-        });
-    }
+    let over = x.loads.get(owner).copied().unwrap_or(0) >= ring.capacity(owner, total, &keyed);
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
     for (i, &j) in cands.iter().enumerate().skip(1) {
@@ -251,15 +168,27 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         }
         any_under = true;
         let q = x.queues.get(j).copied().flatten().unwrap_or(0.0).max(0.0);
-        let net = (w_o - q * x.service_s) - x.held_s * q * u;
-        if net >= 0.0 && best.is_none_or(|b| net > b.2) {
+        let saved = w_o - q * x.service_s;
+        // Over its bound the owner gives way unless the miss's delay to
+        // those queued at `j` outweighs the wait saved; under it, the wait
+        // saved must also pay this request's own re-prefill.
+        let (net, ok) = if over {
+            let net = saved - x.held_s * q * u;
+            (net, net >= 0.0)
+        } else {
+            let net = saved - x.held_s * (1.0 + q) * u;
+            (net, net > 0.0)
+        };
+        if ok && best.is_none_or(|b| net > b.2) {
             best = Some((j, i as u32, net));
         }
     }
     let best = match best {
         Some(b) => b,
-        None if any_under => (owner, 0, 0.0),
+        None if !over || any_under => (owner, 0, 0.0),
         None => {
+            // The owner and every candidate over their bounds: bounded
+            // loads along the whole walk.
             let el: Vec<bool> = (0..ring.hosts())
                 .map(|h| x.eligible.get(h).copied().unwrap_or(true))
                 .collect();
@@ -333,16 +262,25 @@ mod tests {
     }
 
     #[test]
-    fn a_held_prompt_stays_under_its_bound_whatever_the_queue() {
+    fn under_its_bound_a_prompt_leaves_only_if_the_wait_saved_pays_its_reprefill() {
         let r = ring(4);
         let key = 7;
         let w = order(&r, key);
-        let mut q = vec![Some(0.0); 4];
-        q[w[0]] = Some(20.0);
         let loads = vec![1; 4];
         let el = vec![true; 4];
-        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.5)).unwrap();
+        // 3 queued at the owner (1.5 s) against re-prefilling 2 s elsewhere: stay.
+        let mut q = vec![Some(0.0); 4];
+        q[w[0]] = Some(3.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
         assert_eq!((p.host, p.why), (w[0], Why::Owner));
+        // 20 queued (10 s): the wait saved outweighs even the most spread price (2 x 2 s).
+        q[w[0]] = Some(20.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
+        assert_eq!((p.host, p.why), (w[1], Why::Priced));
+        // A short prompt (0.1 s) leaves a 3-deep queue.
+        q[w[0]] = Some(3.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.1)).unwrap();
+        assert_eq!((p.host, p.why), (w[1], Why::Priced));
     }
 
     #[test]
@@ -407,19 +345,6 @@ mod tests {
         x.eligible = &el;
         let p = place(&r, key, &bound(), &x).unwrap();
         assert_eq!(p.host, r.walk(key).find(|&h| h != g0).unwrap());
-    }
-
-    #[test]
-    fn seen_remembers_a_group_for_five_minutes() {
-        let mut s = Seen::default();
-        assert!(!s.check_and_mark(5, 1_000));
-        assert!(s.check_and_mark(5, 2_000));
-        assert!(s.check_and_mark(5, 2_000 + SEEN_MS));
-        assert!(!s.check_and_mark(5, 3_000 + 2 * SEEN_MS));
-        // A colliding group takes the slot.
-        let other = 5 + SEEN_SLOTS as u64;
-        assert!(!s.check_and_mark(other, 4_000 + 2 * SEEN_MS));
-        assert!(!s.check_and_mark(5, 4_000 + 2 * SEEN_MS));
     }
 
     proptest! {

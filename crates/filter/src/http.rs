@@ -269,13 +269,7 @@ impl Http {
             }
         } else {
             match self.st.router.key(api, &body, self.session.as_deref()) {
-                Ok(key) => match self.st.seen.try_borrow_mut() {
-                    Ok(mut seen) => self.st.router.place_with(key, &loads, now, &mut seen),
-                    Err(_) => {
-                        self.st.metrics.inc(self.st.metrics.host_errors, 1);
-                        self.st.router.place(key, &loads, now)
-                    }
-                },
+                Ok(key) => self.st.router.place_with(key, &loads, now),
                 Err(c) => Decision::Fallback(c),
             }
         };

@@ -38,8 +38,6 @@ pub struct State {
     pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
     /// `gossip.peers`: observations this VM learned and has not sent yet.
     pub outbox: std::cell::RefCell<prefix_router_core::gossip::Outbox>,
-    /// `cost.mode = spill`: the groups this VM has seen recently.
-    pub seen: std::cell::RefCell<prefix_router_core::spill::Seen>,
 }
 
 impl State {
@@ -198,7 +196,6 @@ impl RootContext for Root {
                     memory_reported: std::cell::Cell::new(0),
                     trend: std::cell::RefCell::new(Default::default()),
                     outbox: std::cell::RefCell::new(Default::default()),
-                    seen: std::cell::RefCell::new(Default::default()),
                 });
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.

@@ -153,7 +153,6 @@ pub struct PrefixRouter {
     loads: Vec<HostLoad>,
     use_reports: Reports,
     rr: usize,
-    seen: prefix_router_core::spill::Seen,
 }
 
 impl PrefixRouter {
@@ -169,7 +168,6 @@ impl PrefixRouter {
             loads: vec![HostLoad::default(); hosts],
             use_reports: p.use_reports,
             rr: 0,
-            seen: Default::default(),
         })
     }
 
@@ -253,9 +251,7 @@ impl Policy for PrefixRouter {
                 }
             }
         }
-        let d = self
-            .router
-            .place_with(key, &self.loads, view.now_ms(), &mut self.seen);
+        let d = self.router.place_with(key, &self.loads, view.now_ms());
         match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
