@@ -599,6 +599,7 @@ impl Router {
             held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
             service_s: p.service_s,
             group: Some(key.group),
+            first_turn: key.source == KeySource::Prompt && key.prompt_bytes <= key.bytes_hashed,
         };
         match crate::spill::place(&self.ring, key.hash, &self.bound(), &x) {
             Some(pl) => Decision::Routed {
@@ -606,6 +607,8 @@ impl Router {
                 skipped: pl.rank,
                 key,
                 cached: None,
+                // `moved`: the queue priced it away; a move over the bound
+                // is a spill, as in plain bounded loads.
                 moved: pl.why == crate::spill::Why::Priced,
                 hot_skipped: 0,
             },

@@ -58,11 +58,12 @@ use crate::ring::{Bound, Ring};
 pub enum Why {
     /// The first candidate (the group's or the key's owner).
     Owner,
-    /// A later candidate: a shorter wait (nothing held), or a net saving
-    /// over the first candidate's bound.
+    /// A later candidate, the first under its bound: its shorter wait
+    /// pays the miss (step 3).
     Priced,
-    /// Plain bounded loads decided (no fresh report, or every candidate
-    /// over its bound).
+    /// A later candidate: the first was over its bound (step 4), or plain
+    /// bounded loads decided (no fresh report, or every candidate over its
+    /// bound).
     Bound,
 }
 
@@ -93,6 +94,10 @@ pub struct Inputs<'a> {
     pub service_s: f64,
     /// The group key: its owner is the first candidate, then the key's walk.
     pub group: Option<u64>,
+    /// The request opens a conversation (nothing after its key region): a
+    /// queue may move it under the owner's bound (step 3); a later turn
+    /// moves only over it.
+    pub first_turn: bool,
 }
 
 /// Hosts priced per request: the group's owner, then the key's owner and
@@ -160,6 +165,13 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         ..*bound
     };
     let over = x.loads.get(owner).copied().unwrap_or(0) >= ring.capacity(owner, total, &keyed);
+    if !over && !x.first_turn {
+        return Some(Placed {
+            host: owner,
+            rank: 0,
+            why: Why::Owner,
+        });
+    }
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
     for (i, &j) in cands.iter().enumerate().skip(1) {
@@ -202,7 +214,11 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     Some(Placed {
         host: best.0,
         rank: best.1,
-        why: if best.1 == 0 { Why::Owner } else { Why::Priced },
+        why: match (best.1, over) {
+            (0, _) => Why::Owner,
+            (_, false) => Why::Priced,
+            (_, true) => Why::Bound,
+        },
     })
 }
 
@@ -240,6 +256,7 @@ mod tests {
             held_s,
             service_s: 0.5,
             group: None,
+            first_turn: true,
         }
     }
 
@@ -297,7 +314,7 @@ mod tests {
         let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
         assert_eq!(
             (p.host, p.why),
-            (w[1], Why::Priced),
+            (w[1], Why::Bound),
             "idle candidate: the bound decides"
         );
         // Every other candidate has a queue of 1: the wait saved (1 x 0.5 s)
