@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod policy;
 pub mod report;
 pub mod rng;
+pub mod suite;
 pub mod svg;
 pub mod text;
 pub mod workload;

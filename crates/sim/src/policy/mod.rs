@@ -153,6 +153,11 @@ impl fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
+/// The policy label of the filter's default configuration: the one place
+/// the simulator names it (plain-run and suite JSON `default_policy`, the
+/// suite's scoreboard). Today `cost.mode: on`.
+pub const DEFAULT_POLICY: &str = "prefix-router-cost";
+
 /// Names accepted by [`PolicySpec::parse`].
 pub const NAMES: &[&str] = &[
     "prefix-router",
