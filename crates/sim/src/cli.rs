@@ -61,8 +61,8 @@ peer. The workloads are split into a tuning half and a check half, reported apar
 Loads: each workload's rate scale per load is stored in the suite definition.
 The scoreboard checks on every run that each stored scale meets its load's
 definition (the 'loads' table); `suite --calibrate` recomputes the scales from the
-definitions, prints them and exits with status 1 if a stored scale no longer
-meets its definition.";
+definitions, prints them and exits with status 1 if a stored scale fails a
+definition that another scale meets (it names the definitions no scale meets).";
 
 /// Which half of the suite to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -92,7 +92,7 @@ pub struct SuiteArgs {
     #[arg(long)]
     pub quick: bool,
     /// Recompute the rate scales of every load and check the stored ones
-    /// (exit status 1 if one does not meet its definition)
+    /// (exit status 1 if one is stale)
     #[arg(long)]
     pub calibrate: bool,
     /// Only this workload (repeatable)
@@ -128,7 +128,12 @@ pub struct RunArgs {
     pub limit: usize,
     /// Spread each session's start uniformly over X ms after its timestamp
     /// (the Mooncake conversation trace's timestamps are on a 3000 ms grid)
-    #[arg(long, value_name = "X", default_value_t = 0.0, help_heading = "Workload")]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        help_heading = "Workload"
+    )]
     pub spread_ms: f64,
     /// ShareGPT: sessions per second
     #[arg(long, value_name = "R", default_value_t = TraceOptions::default().session_rate, help_heading = "Workload")]
@@ -169,16 +174,38 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", help_heading = "Routing")]
     pub policy: Vec<String>,
     /// Router instances; a list runs each and prints hit-rate ratios against 1 proxy
-    #[arg(long, value_name = "K[,K2...]", value_delimiter = ',', default_value = "1", help_heading = "Routing")]
+    #[arg(
+        long,
+        value_name = "K[,K2...]",
+        value_delimiter = ',',
+        default_value = "1",
+        help_heading = "Routing"
+    )]
     pub proxies: Vec<usize>,
     /// Arrival-time compression; a list sweeps
-    #[arg(long, value_name = "X[,X2...]", value_delimiter = ',', default_value = "1", help_heading = "Routing")]
+    #[arg(
+        long,
+        value_name = "X[,X2...]",
+        value_delimiter = ',',
+        default_value = "1",
+        help_heading = "Routing"
+    )]
     pub rate_scale: Vec<f64>,
     /// Replica load report period, ms (0 = off)
-    #[arg(long, value_name = "X", default_value_t = 50.0, help_heading = "Routing")]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 50.0,
+        help_heading = "Routing"
+    )]
     pub report_interval_ms: f64,
     /// Extra report delay, ms
-    #[arg(long, value_name = "X", default_value_t = 0.0, help_heading = "Routing")]
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        help_heading = "Routing"
+    )]
     pub report_delay_ms: f64,
 
     /// JSON on stdout instead of the table
@@ -238,7 +265,6 @@ impl Default for Args {
         }
     }
 }
-
 
 impl RunArgs {
     /// Check the values and build [`Args`].
@@ -300,8 +326,7 @@ impl RunArgs {
             || a.cfg.report_delay_s < 0.0
         {
             return Err(
-                "--window-s and --busy-window-s must be > 0, report interval and delay >= 0"
-                    .into(),
+                "--window-s and --busy-window-s must be > 0, report interval and delay >= 0".into(),
             );
         }
         if a.cfg.replicas == 0 || a.cfg.replicas > 4096 {
@@ -315,7 +340,9 @@ impl RunArgs {
 }
 
 fn cli_parse(argv: &[String]) -> Result<Cli, clap::Error> {
-    Cli::try_parse_from(std::iter::once("prefix-router-sim".to_string()).chain(argv.iter().cloned()))
+    Cli::try_parse_from(
+        std::iter::once("prefix-router-sim".to_string()).chain(argv.iter().cloned()),
+    )
 }
 
 /// Parse the arguments of a plain run (without the program name): `None`

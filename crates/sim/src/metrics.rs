@@ -145,7 +145,8 @@ impl BusyTrack {
                 continue;
             }
             let total: f64 = row.iter().sum();
-            if total < 0.5 * self.n as f64 * len {
+            // (A tolerance for the float sums: exactly half counts.)
+            if total < 0.5 * self.n as f64 * len * (1.0 - 1e-9) {
                 continue;
             }
             let mean = total / self.n as f64;

@@ -167,7 +167,8 @@ impl LoadFacts {
         if v.is_empty() {
             return None;
         }
-        let m = |g: &dyn Fn(&LoadFacts) -> f64| v.iter().map(|x| g(x)).sum::<f64>() / v.len() as f64;
+        let m =
+            |g: &dyn Fn(&LoadFacts) -> f64| v.iter().map(|x| g(x)).sum::<f64>() / v.len() as f64;
         Some(LoadFacts {
             ring_hit: m(&|x| x.ring_hit),
             offered: Offered {

@@ -148,7 +148,7 @@ impl Progress {
             b.inc(1);
         } else if self.total > 0 {
             let step = (self.total / 10).max(1);
-            if d % step == 0 || d == self.total {
+            if d.is_multiple_of(step) || d == self.total {
                 eprintln!(
                     "{}: {d}/{} runs, {:.0} s",
                     self.label,

@@ -194,7 +194,11 @@ pub fn score(s: &SuiteResult) -> Scoreboard {
                     let (proxy_hit_ratio, proxy_p90_ratio) = match (&one, proxies > 1) {
                         (Some(o), true) => (
                             (o.hit >= NO_SHARING_HIT).then(|| d.hit / o.hit),
-                            Some(if o.p90 > 0.0 { d.p90 / o.p90 } else { f64::INFINITY }),
+                            Some(if o.p90 > 0.0 {
+                                d.p90 / o.p90
+                            } else {
+                                f64::INFINITY
+                            }),
                         ),
                         _ => (None, None),
                     };
@@ -290,12 +294,7 @@ pub fn summarize(s: &SuiteResult, b: &Scoreboard, half: Half) -> HalfSummary {
 
 /// One line: `tune: 20/30 cells pass; p90/peer 22/30, ...`.
 pub fn summary_line(half: Half, h: &HalfSummary) -> String {
-    let mut s = format!(
-        "{}: {}/{} cells pass;",
-        half.name(),
-        h.passed,
-        h.cells
-    );
+    let mut s = format!("{}: {}/{} cells pass;", half.name(), h.passed, h.cells);
     let limits = [
         format!("<= {P90_VS_PEER_MAX}"),
         format!(">= {HIT_VS_PEER_MIN}"),
@@ -306,11 +305,7 @@ pub fn summary_line(half: Half, h: &HalfSummary) -> String {
     for ((name, (app, ok)), lim) in CHECKS.iter().zip(&h.checks).zip(limits) {
         let _ = write!(s, " {name} {lim}: {ok}/{app},");
     }
-    let _ = write!(
-        s,
-        " load definitions held {}/{}",
-        h.loads_held, h.loads
-    );
+    let _ = write!(s, " load definitions held {}/{}", h.loads_held, h.loads);
     s
 }
 
@@ -551,18 +546,28 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
             .filter_map(|&w| s.workloads.get(w).map(|x| x.def.name))
             .collect();
         let _ = writeln!(out, "\n=== {} half: {} ===", half.name(), names.join(", "));
-        let _ = writeln!(out, "\nloads (seed means, 1 proxy; held = the load's definition holds on them)");
+        let _ = writeln!(
+            out,
+            "\nloads (seed means, 1 proxy; held = the load's definition holds on them)"
+        );
         let _ = writeln!(
             out,
             "{:<14} {:<9} {:>7} {:>6} {:>6} {:>6} {:>6}  held",
             "workload", "load", "scale", "U_pre", "U_slot", "rr9/5", "ringh%"
         );
         for &w in &ws {
-            let Some(wr) = s.workloads.get(w) else { continue };
+            let Some(wr) = s.workloads.get(w) else {
+                continue;
+            };
             for (l, ln) in LOADS.iter().enumerate() {
                 let f = LoadFacts::pooled(wr.seeds.iter().filter_map(|x| x.facts.get(l)))
                     .unwrap_or_default();
-                let held = b.load_held.get(w).and_then(|v| v.get(l)).copied().unwrap_or(false);
+                let held = b
+                    .load_held
+                    .get(w)
+                    .and_then(|v| v.get(l))
+                    .copied()
+                    .unwrap_or(false);
                 let _ = writeln!(
                     out,
                     "{:<14} {:<9} {:>7} {:>6.2} {:>6.2} {:>6.2} {:>6.1}  {}",
@@ -588,9 +593,13 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
             "peer90", "(peer)", "p90/pr", "hit%", "(peer)", "hit/pr", "hit4/1", "p90_41"
         );
         for c in b.cells.iter().filter(|c| ws.contains(&c.workload)) {
-            let Some(wr) = s.workloads.get(c.workload) else { continue };
+            let Some(wr) = s.workloads.get(c.workload) else {
+                continue;
+            };
             let d = find(&s.policies, DEFAULT_POLICY).and_then(|i| c.aggs.get(i));
-            let (Some(d), Some(v)) = (d, &c.verdict) else { continue };
+            let (Some(d), Some(v)) = (d, &c.verdict) else {
+                continue;
+            };
             let _ = writeln!(
                 out,
                 "{:<14} {:<9} {:>2} | {:>6} {:>6} {:>6} {:>5.1} {:>5.1} {:>5} | {:>6} {:<18} {:>6} {:>5.1} {:<18} {:>6} | {:>6} {:>6} | {}",
@@ -618,14 +627,19 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
                 }
             );
         }
-        let _ = writeln!(out, "\nevery policy: TTFT p90 (s) / hit %  (* = the default)");
+        let _ = writeln!(
+            out,
+            "\nevery policy: TTFT p90 (s) / hit %  (* = the default)"
+        );
         let mut head = format!("{:<14} {:<9} {:>2} |", "workload", "load", "K");
         for p in &s.policies {
             let _ = write!(head, " {:>12}", short(p));
         }
         let _ = writeln!(out, "{head}");
         for c in b.cells.iter().filter(|c| ws.contains(&c.workload)) {
-            let Some(wr) = s.workloads.get(c.workload) else { continue };
+            let Some(wr) = s.workloads.get(c.workload) else {
+                continue;
+            };
             let mut line = format!(
                 "{:<14} {:<9} {:>2} |",
                 wr.def.name,
@@ -633,7 +647,11 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
                 c.proxies
             );
             for a in &c.aggs {
-                let _ = write!(line, " {:>12}", format!("{}/{:.1}", secs(a.p90), a.hit * 100.0));
+                let _ = write!(
+                    line,
+                    " {:>12}",
+                    format!("{}/{:.1}", secs(a.p90), a.hit * 100.0)
+                );
             }
             let _ = writeln!(out, "{line}");
         }

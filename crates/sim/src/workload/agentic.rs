@@ -65,7 +65,7 @@ pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload
         let conv = wl.convs.len() as u32;
         wl.convs.push(Conversation {
             system: (spec.system > 0).then(|| Text::Gen {
-                key: seed2(seed ^ SYS ^ 0x6167_656e_74, g),
+                key: seed2(seed ^ SYS ^ 0x0061_6765_6e74, g),
                 len: spec.system * 4,
             }),
             turns,

@@ -298,9 +298,7 @@ pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, WorkloadError> {
         let mut out = Vec::with_capacity(bytes.len() * 4);
         flate2::read::MultiGzDecoder::new(bytes.as_slice())
             .read_to_end(&mut out)
-            .map_err(|e| {
-                WorkloadError::new(format!("cannot gunzip {}: {e}", path.display()))
-            })?;
+            .map_err(|e| WorkloadError::new(format!("cannot gunzip {}: {e}", path.display())))?;
         return Ok(out);
     }
     Ok(bytes)
