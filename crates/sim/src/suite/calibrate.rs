@@ -271,9 +271,10 @@ pub fn calibrate(o: &SuiteOptions) -> Result<(String, Value, bool), String> {
         if let Some(w) = c.heavy_spread.filter(|w| *w < load::TARGET_HEAVY_RR_SPREAD) {
             let _ = writeln!(
                 t,
-                "note: {}: no heavy scale gives round robin mean TTFT p90 >= {} x mean p50; computed heavy is the best found (spread {w:.2})",
+                "note: {}: no heavy scale gives round robin mean TTFT p90 >= {} x mean p50; computed heavy is the best found (spread {w:.2}; the definition needs {})",
                 c.name,
-                load::TARGET_HEAVY_RR_SPREAD
+                load::TARGET_HEAVY_RR_SPREAD,
+                load::HEAVY_MIN_RR_SPREAD
             );
         }
     }

@@ -121,7 +121,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
                 max_turns: 0,
             },
             quick_limit: 1200,
-            scales: [1.6, 2.64, 5.39],
+            scales: [1.6, 2.81, 5.39],
         },
         WorkloadDef {
             name: "shared-prefix",
@@ -137,7 +137,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
             what: "250 groups x 5 prompts with 16,000-token prefixes: 4M tokens of prefixes, more than the fleet's cache",
             source: Source::Synthetic("long-context"),
             quick_limit: 400,
-            scales: [0.943, 1.99, 3.18],
+            scales: [0.943, 2.26, 3.18],
         },
         WorkloadDef {
             name: "multi-turn",
@@ -145,7 +145,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
             what: "synthetic multi-turn chat with think times: 6 system prompts, 1,800 users x 5 turns",
             source: Source::Synthetic("multi-turn:users=300"),
             quick_limit: 200,
-            scales: [0.854, 1.3, 27.9],
+            scales: [0.854, 1.62, 27.9],
         },
         WorkloadDef {
             name: "azure",
@@ -169,7 +169,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
             what: "shared-prefix with Zipf(1.1) group popularity: a few hot system prompts",
             source: Source::Synthetic("zipf"),
             quick_limit: 250,
-            scales: [1.39, 2.9, 5.35],
+            scales: [1.39, 2.76, 5.35],
         },
         WorkloadDef {
             name: "bursty",
@@ -217,7 +217,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
             what: "agent tool loops (new): 8 agent types with 6,000-token tool prompts, 160 tasks of 5-15 steps, each step a short tool call and a tool result (500-5,000 tokens) appended; contexts grow to 30k tokens",
             source: Source::Synthetic("agentic"),
             quick_limit: 50,
-            scales: [4.99, 9.65, 31.9],
+            scales: [5.06, 11.2, 32.5],
         },
         WorkloadDef {
             name: "rag",
@@ -225,7 +225,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
             what: "RAG over a few long documents (new): 700 users, each retrieving 2 of 8 documents (3k-9k tokens, Zipf popularity) plus follow-up turns",
             source: Source::Synthetic("rag"),
             quick_limit: 230,
-            scales: [4.39, 7.18, 25.4],
+            scales: [4.37, 7.64, 24.9],
         },
     ]
 }
