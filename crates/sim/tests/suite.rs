@@ -66,6 +66,37 @@ fn suite_json_is_byte_identical_for_a_seed() {
     assert_eq!(a, suite_json(1));
     let v: serde_json::Value = serde_json::from_str(&a).expect("parses");
     assert_eq!(v["default_policy"], DEFAULT_POLICY);
+    // Every policy's own K-proxy / 1-proxy hit ratio, on the K-proxy cells.
+    let cells = v["cells"].as_array().expect("cells");
+    for c in cells {
+        for p in c["policies"].as_array().expect("policies") {
+            let r = &p["hit_kp_over_1p"];
+            if c["proxies"] == 1 {
+                assert!(r.is_null());
+            } else {
+                let one = cells
+                    .iter()
+                    .find(|o| {
+                        o["workload"] == c["workload"]
+                            && o["load"] == c["load"]
+                            && o["proxies"] == 1
+                    })
+                    .and_then(|o| o["policies"].as_array())
+                    .and_then(|v| v.iter().find(|x| x["policy"] == p["policy"]))
+                    .expect("the 1-proxy figure");
+                let (hk, h1) = (
+                    p["hit_rate"].as_f64().unwrap_or(0.0),
+                    one["hit_rate"].as_f64().unwrap_or(0.0),
+                );
+                if h1 >= 0.01 {
+                    assert!(
+                        (r.as_f64().expect("a ratio") - hk / h1).abs() < 1e-4,
+                        "{r} {hk} {h1}"
+                    );
+                }
+            }
+        }
+    }
     // A different seed changes the figures.
     let mut o = tiny_options(2);
     o.seeds = vec![4];

@@ -413,7 +413,20 @@ pub fn to_json(s: &SuiteResult, b: &Scoreboard) -> Value {
                 "rate_scale": c.scale,
                 "proxies": c.proxies,
                 "load_facts": wr.map(|w| w.seeds.iter().filter_map(|sr| sr.facts.get(c.load).map(|f| facts_json(sr.seed, f))).collect::<Vec<_>>()).unwrap_or_default(),
-                "policies": s.policies.iter().zip(&c.aggs).map(|(p, a)| agg_json(p, a)).collect::<Vec<_>>(),
+                "policies": s.policies.iter().zip(&c.aggs).enumerate().map(|(i, (p, a))| {
+                    let mut v = agg_json(p, a);
+                    // Each policy's own hit rate with K proxies over 1.
+                    let one = b.cells.iter().find(|o| o.workload == c.workload && o.load == c.load && o.proxies == 1);
+                    let ratio = one
+                        .filter(|_| c.proxies > 1)
+                        .and_then(|o| o.aggs.get(i))
+                        .filter(|o| o.hit >= NO_SHARING_HIT)
+                        .map(|o| a.hit / o.hit);
+                    if let Some(m) = v.as_object_mut() {
+                        m.insert("hit_kp_over_1p".into(), opt(ratio));
+                    }
+                    v
+                }).collect::<Vec<_>>(),
                 "runs": wr.map(|w| w.seeds.iter().map(|sr| json!({
                     "seed": sr.seed,
                     "results": sr.results.get(c.load).and_then(|x| x.get(k)).map(|v| v.iter().map(run_json).collect::<Vec<_>>()).unwrap_or_default(),
