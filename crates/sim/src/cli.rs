@@ -1,4 +1,4 @@
-//! The `prefix-router-sim` command line (hand-rolled parsing; see
+//! The `prefix-router-sim` command line (clap, derive; see
 //! `crates/sim/README.md` for the operator guide).
 
 use std::path::PathBuf;
@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use clap::{Parser, Subcommand, ValueEnum};
 use prefix_router_replica::CostModel;
 
 use crate::bounds;
@@ -13,56 +14,219 @@ use crate::engine::{simulate, SimConfig};
 use crate::metrics::RunResult;
 use crate::policy::PolicySpec;
 use crate::report::{to_json, to_table, Report, RunSet};
+use crate::suite::{self, Half};
 use crate::svg::{line_chart, slug, Scale, Series};
 use crate::workload::{self, synthetic, Format, TraceOptions, Workload};
 
-pub const USAGE: &str = "\
-prefix-router-sim: what would prefix-router (and its peers) do on my traffic?
+const ABOUT: &str = "prefix-router-sim: what would prefix-router (and its peers) do on my traffic?";
 
-USAGE:
-  prefix-router-sim --trace FILE [options]
-  prefix-router-sim --synthetic SPEC [options]
+const AFTER: &str = "\
+Plain run: give exactly one of --trace FILE or --synthetic SPEC.
+  prefix-router-sim --trace mooncake_conversation_trace.jsonl --replicas 8 --rate-scale 1,3
+  prefix-router-sim --synthetic shared-prefix:rate=20 --policy gie --policy prefix-router --proxies 1,4
+The suite (every workload, load, proxy count and seed; one scoreboard):
+  prefix-router-sim suite [--json] [--half tune|check|all] [--quick] [--calibrate]
+See crates/sim/README.md.";
 
-WORKLOAD
-  --trace FILE            Mooncake JSONL, ShareGPT JSON or Azure CSV (detected)
-  --format F              mooncake | sharegpt | azure (skip detection)
-  --synthetic SPEC        shared-prefix | shared-prefix-long-q | zipf | long-context |
-                          multi-turn, with options NAME:key=value,... (see README)
-  --limit N               first N requests (trace) / sessions (ShareGPT)
-  --spread-ms X           spread each session's start uniformly over X ms
-                          after its timestamp (default 0; the Mooncake
-                          conversation trace's timestamps are on a 3000 ms grid)
-  --session-rate R        ShareGPT: sessions per second (default 2)
-  --think-s S             ShareGPT: mean think time between turns (default 10)
-  --max-turns N           ShareGPT: at most N turns per conversation
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "prefix-router-sim",
+    version,
+    about = ABOUT,
+    after_help = AFTER,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
 
-FLEET
-  --replicas N            replicas (default 8)
-  --cache-tokens T        KV cache per replica, tokens (default 400000)
-  --prefill-tps X         prefill tokens/s (default 16000)
-  --decode-step-ms X      decode step (default 15)
-  --max-running N         max running batch (default 64)
-  --block-tokens N        KV block size, tokens (default 16; 512 for Mooncake
-                          traces, their own granularity)
-  --attention             add the quadratic attention term (Llama-8B coefficient)
-  --no-output-kv          replicas do not keep generated tokens' KV (vLLM does)
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the fixed workload suite and print one scoreboard.
+    #[command(long_about = SUITE_ABOUT)]
+    Suite(SuiteArgs),
+}
 
-ROUTING
-  --policy NAME           repeatable, or 'all' (default all); NAME[:key=value,...]
-  --proxies K[,K2...]     router instances (default 1); a list runs each and
-                          prints hit-rate ratios against 1 proxy
-  --rate-scale X[,X2...]  arrival-time compression (default 1); a list sweeps
-  --report-interval-ms X  replica load report period (default 50; 0 = off)
-  --report-delay-ms X     extra report delay (default 0)
+const SUITE_ABOUT: &str = "\
+Run the fixed workload suite (crates/sim/src/suite/defs.rs) and print one scoreboard:
+every workload at 3 loads (moderate, heavy, overload), with 1 and 4 proxies (no
+gossip), on every seed, with the default policy, the plain bounded ring and every
+peer. The workloads are split into a tuning half and a check half, reported apart.
 
-OUTPUT
-  --json                  JSON on stdout instead of the table
-  --plots DIR             write SVG plots (hit rate / TTFT p90 vs load, per-replica load)
-  --window-s S            load-balance window (default 60)
-  --seed S                seed of every random choice (default 1)
-  --threads N             policies simulated in parallel (default 2)
-  -h, --help
-";
+Loads: each workload's rate scale per load is stored in the suite definition.
+The scoreboard checks on every run that each stored scale meets its load's
+definition (the 'loads' table); `suite --calibrate` recomputes the scales from the
+definitions, prints them and exits with status 1 if a stored scale fails a
+definition that another scale meets (it names the definitions no scale meets).";
+
+/// Which half of the suite to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum HalfArg {
+    Tune,
+    Check,
+    All,
+}
+
+/// `prefix-router-sim suite` options.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SuiteArgs {
+    /// JSON on stdout instead of the scoreboard
+    #[arg(long)]
+    pub json: bool,
+    /// Which half of the workloads
+    #[arg(long, value_enum, default_value_t = HalfArg::All)]
+    pub half: HalfArg,
+    /// Seeds (every cell runs each)
+    #[arg(long, value_delimiter = ',', default_values_t = suite::defs::SEEDS)]
+    pub seeds: Vec<u64>,
+    /// Simulations run in parallel (results do not depend on it)
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Smoke run: first seed only, shortened workloads (load definitions
+    /// are checked but not guaranteed)
+    #[arg(long)]
+    pub quick: bool,
+    /// Recompute the rate scales of every load and check the stored ones
+    /// (exit status 1 if one is stale)
+    #[arg(long)]
+    pub calibrate: bool,
+    /// Only this workload (repeatable)
+    #[arg(long = "workload", value_name = "NAME")]
+    pub workloads: Vec<String>,
+    /// Directory of the trace files
+    #[arg(long, value_name = "DIR", default_value = "/work/shared/traces")]
+    pub traces: PathBuf,
+    /// No progress display on stderr
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+fn parse_format(v: &str) -> Result<Format, String> {
+    Format::parse(v).ok_or_else(|| format!("{v:?} is not mooncake, sharegpt or azure"))
+}
+
+/// The plain-run flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Mooncake JSONL, ShareGPT JSON (optionally gzipped) or Azure CSV (detected)
+    #[arg(long, value_name = "FILE", help_heading = "Workload")]
+    pub trace: Option<PathBuf>,
+    /// mooncake | sharegpt | azure (skip detection)
+    #[arg(long, value_name = "F", value_parser = parse_format, help_heading = "Workload")]
+    pub format: Option<Format>,
+    /// shared-prefix | shared-prefix-long-q | zipf | long-context | multi-turn |
+    /// bursty | agentic | rag, with options NAME:key=value,... (see README)
+    #[arg(long, value_name = "SPEC", help_heading = "Workload")]
+    pub synthetic: Option<String>,
+    /// First N requests (trace) / sessions (synthetic); 0 = all
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Workload")]
+    pub limit: usize,
+    /// Spread each session's start uniformly over X ms after its timestamp
+    /// (the Mooncake conversation trace's timestamps are on a 3000 ms grid)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        help_heading = "Workload"
+    )]
+    pub spread_ms: f64,
+    /// ShareGPT: sessions per second
+    #[arg(long, value_name = "R", default_value_t = TraceOptions::default().session_rate, help_heading = "Workload")]
+    pub session_rate: f64,
+    /// ShareGPT: mean think time between turns, seconds
+    #[arg(long, value_name = "S", default_value_t = TraceOptions::default().think_s, help_heading = "Workload")]
+    pub think_s: f64,
+    /// ShareGPT: at most N turns per conversation (0 = all)
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Workload")]
+    pub max_turns: usize,
+
+    /// Replicas
+    #[arg(long, value_name = "N", default_value_t = SimConfig::default().replicas, help_heading = "Fleet")]
+    pub replicas: usize,
+    /// KV cache per replica, tokens
+    #[arg(long, value_name = "T", default_value_t = CostModel::default().cache_capacity_tokens, help_heading = "Fleet")]
+    pub cache_tokens: u64,
+    /// Prefill tokens per second
+    #[arg(long, value_name = "X", default_value_t = CostModel::default().prefill_tokens_per_s, help_heading = "Fleet")]
+    pub prefill_tps: f64,
+    /// Decode step, milliseconds
+    #[arg(long, value_name = "X", default_value_t = 15.0, help_heading = "Fleet")]
+    pub decode_step_ms: f64,
+    /// Max running batch
+    #[arg(long, value_name = "N", default_value_t = CostModel::default().max_running, help_heading = "Fleet")]
+    pub max_running: usize,
+    /// KV block size, tokens [default: 16; 512 for Mooncake traces, their own granularity]
+    #[arg(long, value_name = "N", help_heading = "Fleet")]
+    pub block_tokens: Option<u32>,
+    /// Add the quadratic attention term (Llama-8B coefficient)
+    #[arg(long, help_heading = "Fleet")]
+    pub attention: bool,
+    /// Replicas do not keep generated tokens' KV (vLLM does)
+    #[arg(long, help_heading = "Fleet")]
+    pub no_output_kv: bool,
+
+    /// Policy NAME[:key=value,...], repeatable, or 'all' [default: all]
+    #[arg(long, value_name = "NAME", help_heading = "Routing")]
+    pub policy: Vec<String>,
+    /// Router instances; a list runs each and prints hit-rate ratios against 1 proxy
+    #[arg(
+        long,
+        value_name = "K[,K2...]",
+        value_delimiter = ',',
+        default_value = "1",
+        help_heading = "Routing"
+    )]
+    pub proxies: Vec<usize>,
+    /// Arrival-time compression; a list sweeps
+    #[arg(
+        long,
+        value_name = "X[,X2...]",
+        value_delimiter = ',',
+        default_value = "1",
+        help_heading = "Routing"
+    )]
+    pub rate_scale: Vec<f64>,
+    /// Replica load report period, ms (0 = off)
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 50.0,
+        help_heading = "Routing"
+    )]
+    pub report_interval_ms: f64,
+    /// Extra report delay, ms
+    #[arg(
+        long,
+        value_name = "X",
+        default_value_t = 0.0,
+        help_heading = "Routing"
+    )]
+    pub report_delay_ms: f64,
+
+    /// JSON on stdout instead of the table
+    #[arg(long, help_heading = "Output")]
+    pub json: bool,
+    /// Write SVG plots (hit rate / TTFT p90 vs load, per-replica load)
+    #[arg(long, value_name = "DIR", help_heading = "Output")]
+    pub plots: Option<PathBuf>,
+    /// Load-balance window (requests in replica), seconds
+    #[arg(long, value_name = "S", default_value_t = SimConfig::default().window_s, help_heading = "Output")]
+    pub window_s: f64,
+    /// Busy-balance window, seconds
+    #[arg(long, value_name = "S", default_value_t = SimConfig::default().busy_window_s, help_heading = "Output")]
+    pub busy_window_s: f64,
+    /// Seed of every random choice
+    #[arg(long, value_name = "S", default_value_t = 1, help_heading = "Output")]
+    pub seed: u64,
+    /// Simulations run in parallel (results do not depend on it)
+    #[arg(long, value_name = "N", default_value_t = 2, help_heading = "Output")]
+    pub threads: usize,
+}
 
 /// Parsed arguments.
 #[derive(Debug, Clone)]
@@ -102,114 +266,103 @@ impl Default for Args {
     }
 }
 
-fn list<T: std::str::FromStr>(flag: &str, v: &str) -> Result<Vec<T>, String> {
-    v.split(',')
-        .map(|x| {
-            x.trim()
-                .parse::<T>()
-                .map_err(|_| format!("{flag}: bad value {x:?}"))
-        })
-        .collect()
-}
-
-fn one<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.trim()
-        .parse::<T>()
-        .map_err(|_| format!("{flag}: bad value {v:?}"))
-}
-
-/// Parse the arguments (without the program name).
-pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
-    let mut a = Args::default();
-    let mut it = argv.iter();
-    while let Some(flag) = it.next() {
-        let (flag, inline) = match flag.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (flag.clone(), None),
+impl RunArgs {
+    /// Check the values and build [`Args`].
+    pub fn to_args(&self) -> Result<Args, String> {
+        let mut a = Args {
+            trace: self.trace.clone(),
+            synthetic: self.synthetic.clone(),
+            trace_opts: TraceOptions {
+                format: self.format,
+                limit: self.limit,
+                session_rate: self.session_rate,
+                think_s: self.think_s,
+                max_turns: self.max_turns,
+            },
+            policies: self.policy.clone(),
+            proxies: self.proxies.clone(),
+            rate_scales: self.rate_scale.clone(),
+            spread_ms: self.spread_ms,
+            json: self.json,
+            plots: self.plots.clone(),
+            threads: self.threads.max(1),
+            block_tokens: self.block_tokens.map(|b| b.max(1)),
+            cfg: SimConfig::default(),
         };
-        let mut val = || -> Result<String, String> {
-            match &inline {
-                Some(v) => Ok(v.clone()),
-                None => it
-                    .next()
-                    .cloned()
-                    .ok_or_else(|| format!("{flag} needs a value")),
-            }
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(None),
-            "--trace" => a.trace = Some(PathBuf::from(val()?)),
-            "--format" => {
-                let v = val()?;
-                a.trace_opts.format =
-                    Some(Format::parse(&v).ok_or_else(|| {
-                        format!("--format: {v:?} is not mooncake, sharegpt or azure")
-                    })?)
-            }
-            "--synthetic" => a.synthetic = Some(val()?),
-            "--limit" => a.trace_opts.limit = one("--limit", &val()?)?,
-            "--spread-ms" => a.spread_ms = one("--spread-ms", &val()?)?,
-            "--session-rate" => a.trace_opts.session_rate = one("--session-rate", &val()?)?,
-            "--think-s" => a.trace_opts.think_s = one("--think-s", &val()?)?,
-            "--max-turns" => a.trace_opts.max_turns = one("--max-turns", &val()?)?,
-            "--replicas" => a.cfg.replicas = one("--replicas", &val()?)?,
-            "--cache-tokens" => a.cfg.cost.cache_capacity_tokens = one("--cache-tokens", &val()?)?,
-            "--prefill-tps" => a.cfg.cost.prefill_tokens_per_s = one("--prefill-tps", &val()?)?,
-            "--decode-step-ms" => {
-                a.cfg.cost.decode_step_s = one::<f64>("--decode-step-ms", &val()?)? / 1000.0
-            }
-            "--max-running" => a.cfg.cost.max_running = one("--max-running", &val()?)?,
-            "--block-tokens" => {
-                a.block_tokens = Some(one::<u32>("--block-tokens", &val()?)?.max(1))
-            }
-            "--attention" => a.cfg.cost.attention_coeff = CostModel::LLAMA_8B_ATTENTION_COEFF,
-            "--policy" => a.policies.push(val()?),
-            "--proxies" => a.proxies = list("--proxies", &val()?)?,
-            "--rate-scale" => a.rate_scales = list("--rate-scale", &val()?)?,
-            "--report-interval-ms" => {
-                a.cfg.report_interval_s = one::<f64>("--report-interval-ms", &val()?)? / 1000.0
-            }
-            "--report-delay-ms" => {
-                a.cfg.report_delay_s = one::<f64>("--report-delay-ms", &val()?)? / 1000.0
-            }
-            "--json" => a.json = true,
-            "--no-output-kv" => a.cfg.output_kv = false,
-            "--plots" => a.plots = Some(PathBuf::from(val()?)),
-            "--window-s" => a.cfg.window_s = one("--window-s", &val()?)?,
-            "--seed" => a.cfg.seed = one("--seed", &val()?)?,
-            "--threads" => a.threads = one::<usize>("--threads", &val()?)?.max(1),
-            other => return Err(format!("unknown argument {other:?} (see --help)")),
+        a.cfg.replicas = self.replicas;
+        a.cfg.cost.cache_capacity_tokens = self.cache_tokens;
+        a.cfg.cost.prefill_tokens_per_s = self.prefill_tps;
+        a.cfg.cost.decode_step_s = self.decode_step_ms / 1000.0;
+        a.cfg.cost.max_running = self.max_running;
+        if self.attention {
+            a.cfg.cost.attention_coeff = CostModel::LLAMA_8B_ATTENTION_COEFF;
         }
+        a.cfg.report_interval_s = self.report_interval_ms / 1000.0;
+        a.cfg.report_delay_s = self.report_delay_ms / 1000.0;
+        a.cfg.output_kv = !self.no_output_kv;
+        a.cfg.window_s = self.window_s;
+        a.cfg.busy_window_s = self.busy_window_s;
+        a.cfg.seed = self.seed;
+        if a.trace.is_some() == a.synthetic.is_some() {
+            return Err("give exactly one of --trace FILE or --synthetic SPEC".into());
+        }
+        if a.policies.is_empty() {
+            a.policies.push("all".into());
+        }
+        if a.proxies.is_empty() || a.proxies.contains(&0) {
+            return Err("--proxies: values must be >= 1".into());
+        }
+        if a.rate_scales.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err("--rate-scale: values must be > 0".into());
+        }
+        if !(a.spread_ms.is_finite() && a.spread_ms >= 0.0) {
+            return Err("--spread-ms: must be >= 0".into());
+        }
+        if a.cfg.window_s.is_nan()
+            || a.cfg.window_s <= 0.0
+            || a.cfg.busy_window_s.is_nan()
+            || a.cfg.busy_window_s <= 0.0
+            || a.cfg.report_interval_s < 0.0
+            || a.cfg.report_delay_s < 0.0
+        {
+            return Err(
+                "--window-s and --busy-window-s must be > 0, report interval and delay >= 0".into(),
+            );
+        }
+        if a.cfg.replicas == 0 || a.cfg.replicas > 4096 {
+            return Err("--replicas must be 1..=4096".into());
+        }
+        if a.cfg.cost.prefill_tokens_per_s <= 0.0 || a.cfg.cost.max_running == 0 {
+            return Err("--prefill-tps must be > 0 and --max-running >= 1".into());
+        }
+        Ok(a)
     }
-    if a.trace.is_some() == a.synthetic.is_some() {
-        return Err("give exactly one of --trace FILE or --synthetic SPEC".into());
+}
+
+fn cli_parse(argv: &[String]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(
+        std::iter::once("prefix-router-sim".to_string()).chain(argv.iter().cloned()),
+    )
+}
+
+/// Parse the arguments of a plain run (without the program name): `None`
+/// for `--help` / `--version`.
+pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
+    let cli = match cli_parse(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    Ok(None)
+                }
+                _ => Err(e.to_string()),
+            }
+        }
+    };
+    if cli.command.is_some() {
+        return Err("not a plain run (a subcommand was given)".into());
     }
-    if a.policies.is_empty() {
-        a.policies.push("all".into());
-    }
-    if a.proxies.is_empty() || a.proxies.contains(&0) {
-        return Err("--proxies: values must be >= 1".into());
-    }
-    if a.rate_scales.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
-        return Err("--rate-scale: values must be > 0".into());
-    }
-    if !(a.spread_ms.is_finite() && a.spread_ms >= 0.0) {
-        return Err("--spread-ms: must be >= 0".into());
-    }
-    if a.cfg.window_s.is_nan()
-        || a.cfg.window_s <= 0.0
-        || a.cfg.report_interval_s < 0.0
-        || a.cfg.report_delay_s < 0.0
-    {
-        return Err("--window-s must be > 0, report interval and delay >= 0".into());
-    }
-    if a.cfg.replicas == 0 || a.cfg.replicas > 4096 {
-        return Err("--replicas must be 1..=4096".into());
-    }
-    if a.cfg.cost.prefill_tokens_per_s <= 0.0 || a.cfg.cost.max_running == 0 {
-        return Err("--prefill-tps must be > 0 and --max-running >= 1".into());
-    }
-    Ok(Some(a))
+    cli.run.to_args().map(Some)
 }
 
 /// Block size when not given: the trace's own granularity for Mooncake
@@ -431,24 +584,113 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
 
 /// The whole program; returns the process exit code.
 pub fn main_with_args(argv: &[String]) -> i32 {
-    let a = match parse(argv) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{USAGE}");
-            return 0;
-        }
+    let cli = match cli_parse(argv) {
+        Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}\n\n{USAGE}");
-            return 2;
+            // Help and version on stdout (status 0), errors on stderr (2).
+            let _ = e.print();
+            return e.exit_code();
         }
     };
-    match run(&a) {
-        Ok(()) => 0,
+    let r = match &cli.command {
+        Some(Command::Suite(s)) => run_suite_cmd(s),
+        None => match cli.run.to_args() {
+            Ok(a) => run(&a).map(|()| 0),
+            Err(e) => {
+                eprintln!("error: {e}\n\nFor more information, try '--help'.");
+                return 2;
+            }
+        },
+    };
+    match r {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             1
         }
     }
+}
+
+/// The suite options a `suite` command line selects.
+pub fn suite_options(s: &SuiteArgs) -> Result<suite::SuiteOptions, String> {
+    let all = suite::workloads();
+    for w in &s.workloads {
+        if !all.iter().any(|d| d.name == w) {
+            let names: Vec<&str> = all.iter().map(|d| d.name).collect();
+            return Err(format!(
+                "--workload: no workload {w:?}; one of {}",
+                names.join(", ")
+            ));
+        }
+    }
+    let defs: Vec<suite::WorkloadDef> = all
+        .into_iter()
+        .filter(|d| match s.half {
+            HalfArg::All => true,
+            HalfArg::Tune => d.half == Half::Tune,
+            HalfArg::Check => d.half == Half::Check,
+        })
+        .filter(|d| s.workloads.is_empty() || s.workloads.iter().any(|w| w == d.name))
+        .collect();
+    if defs.is_empty() {
+        return Err("no workload selected".into());
+    }
+    let mut seeds = s.seeds.clone();
+    if seeds.is_empty() {
+        return Err("--seeds: give at least one".into());
+    }
+    if s.quick {
+        seeds.truncate(1);
+    }
+    Ok(suite::SuiteOptions {
+        defs,
+        seeds,
+        threads: s.threads.max(1),
+        quick: s.quick,
+        traces: s.traces.clone(),
+        progress: !s.no_progress,
+    })
+}
+
+fn run_suite_cmd(s: &SuiteArgs) -> Result<i32, String> {
+    let t0 = Instant::now();
+    let o = suite_options(s)?;
+    if s.calibrate {
+        let (text, json, all) = suite::calibrate::calibrate(&o)?;
+        if s.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?
+            );
+        } else {
+            print!("{text}");
+        }
+        eprintln!(
+            "calibrated {} workload(s) in {:.1} s ({} thread(s))",
+            o.defs.len(),
+            t0.elapsed().as_secs_f64(),
+            o.threads
+        );
+        return Ok(if all { 0 } else { 1 });
+    }
+    let res = suite::run_suite(&o)?;
+    let board = suite::score(&res);
+    if s.json {
+        let j = suite::score::to_json(&res, &board);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&j).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", suite::score::to_table(&res, &board));
+    }
+    eprintln!(
+        "suite: {} simulations in {:.1} s ({} thread(s))",
+        res.runs,
+        t0.elapsed().as_secs_f64(),
+        o.threads
+    );
+    Ok(0)
 }
 
 fn run(a: &Args) -> Result<(), String> {

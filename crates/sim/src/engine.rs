@@ -57,6 +57,8 @@ pub struct SimConfig {
     pub report_delay_s: f64,
     /// Load-balance window, seconds.
     pub window_s: f64,
+    /// Busy-balance window, seconds (see [`crate::metrics`]).
+    pub busy_window_s: f64,
     /// Replicas keep the KV of generated tokens (vLLM does): a finished chat
     /// turn leaves prompt + answer cached for the next turn.
     pub output_kv: bool,
@@ -73,6 +75,7 @@ impl Default for SimConfig {
             report_interval_s: 0.05,
             report_delay_s: 0.0,
             window_s: 60.0,
+            busy_window_s: 5.0,
             output_kv: true,
         }
     }

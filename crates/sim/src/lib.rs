@@ -13,6 +13,8 @@
 //! * [`engine`]: the event loop ([`engine::simulate`]).
 //! * [`bounds`]: oracle and single-server hit-rate bounds.
 //! * [`metrics`], [`report`], [`svg`]: results, tables, JSON, plots.
+//! * [`suite`]: `prefix-router-sim suite`, the fixed workload suite and its
+//!   scoreboard.
 //!
 //! Operator documentation: `crates/sim/README.md`.
 
@@ -25,6 +27,7 @@ pub mod metrics;
 pub mod policy;
 pub mod report;
 pub mod rng;
+pub mod suite;
 pub mod svg;
 pub mod text;
 pub mod workload;

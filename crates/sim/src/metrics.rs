@@ -92,6 +92,73 @@ pub struct RunResult {
     /// The prefill rate the policy learned by the end (mean over proxies;
     /// `None` unless it learns one).
     pub learned_prefill_tps: Option<f64>,
+    /// Busy balance: mean and worst max/mean per-replica busy time over
+    /// the windows in which the fleet is at least half busy, and how many
+    /// such windows there were (0: none, both ratios 0).
+    pub busy_ratio_mean: f64,
+    pub busy_ratio_worst: f64,
+    pub busy_windows: usize,
+}
+
+/// Per-replica busy time (holding at least one request) per window.
+struct BusyTrack {
+    window: f64,
+    last: Vec<f64>,
+    busy: Vec<Vec<f64>>,
+    n: usize,
+}
+
+impl BusyTrack {
+    /// Replica `h` held `held` requests from its last change until `t`.
+    fn accrue(&mut self, h: usize, t: f64, held: u64) {
+        let Some(&last) = self.last.get(h) else {
+            return;
+        };
+        if held > 0 {
+            let mut a = last;
+            while a < t {
+                let w = (a / self.window).floor().max(0.0) as usize;
+                let wend = (w as f64 + 1.0) * self.window;
+                let end = if wend > a { wend.min(t) } else { t };
+                while self.busy.len() <= w {
+                    self.busy.push(vec![0.0; self.n]);
+                }
+                if let Some(x) = self.busy.get_mut(w).and_then(|v| v.get_mut(h)) {
+                    *x += end - a;
+                }
+                a = end;
+            }
+        }
+        if let Some(l) = self.last.get_mut(h) {
+            *l = l.max(t);
+        }
+    }
+
+    /// (mean, worst, count) of max/mean busy time over the windows, up to
+    /// `end`, in which the fleet is at least half busy.
+    fn summary(&self, end: f64) -> (f64, f64, usize) {
+        let (mut sum, mut worst, mut count) = (0.0, 0.0f64, 0usize);
+        for (w, row) in self.busy.iter().enumerate() {
+            let start = w as f64 * self.window;
+            let len = (end - start).min(self.window);
+            if len <= 0.0 || self.n == 0 {
+                continue;
+            }
+            let total: f64 = row.iter().sum();
+            // (A tolerance for the float sums: exactly half counts.)
+            if total < 0.5 * self.n as f64 * len * (1.0 - 1e-9) {
+                continue;
+            }
+            let mean = total / self.n as f64;
+            let max = row.iter().copied().fold(0.0, f64::max);
+            let r = max / mean;
+            sum += r;
+            worst = worst.max(r);
+            count += 1;
+        }
+        let mean = if count > 0 { sum / count as f64 } else { 0.0 };
+        (mean, worst, count)
+    }
 }
 
 struct LoadTrack {
@@ -161,6 +228,7 @@ pub struct Collector {
     host: Vec<u32>,
     outcomes: [u64; 4],
     load: LoadTrack,
+    busy: BusyTrack,
     first_arrival: f64,
     last_arrival: f64,
 }
@@ -192,6 +260,16 @@ impl Collector {
                 assigned: Vec::new(),
                 n,
             },
+            busy: BusyTrack {
+                window: if cfg.busy_window_s > 0.0 {
+                    cfg.busy_window_s
+                } else {
+                    10.0
+                },
+                last: vec![0.0; n],
+                busy: Vec::new(),
+                n,
+            },
             first_arrival: f64::INFINITY,
             last_arrival: 0.0,
         }
@@ -215,6 +293,7 @@ impl Collector {
         }
         self.first_arrival = self.first_arrival.min(t);
         self.last_arrival = self.last_arrival.max(t);
+        self.busy_change(host, t);
         self.load.change(host, t, true);
         let w = self.load.widx(t);
         self.load.grow(w);
@@ -236,13 +315,22 @@ impl Collector {
         if let Some(x) = self.done.get_mut(id) {
             *x = t;
         }
+        self.busy_change(host, t);
         self.load.change(host, t, false);
+    }
+
+    /// Accrue replica `h`'s busy time up to `t`, before its count changes.
+    fn busy_change(&mut self, h: usize, t: f64) {
+        let held = self.load.conc.get(h).copied().unwrap_or(0);
+        self.busy.accrue(h, t, held);
     }
 
     pub fn finish(mut self, label: &str, end: f64, replicas: &[Replica]) -> RunResult {
         for h in 0..self.n {
+            self.busy_change(h, end);
             self.load.accrue(h, end);
         }
+        let (busy_ratio_mean, busy_ratio_worst, busy_windows) = self.busy.summary(end);
         let m = self.arrival.len();
         let mut ttft = Vec::with_capacity(m);
         let mut e2e = Vec::with_capacity(m);
@@ -355,6 +443,9 @@ impl Collector {
             window_load,
             credited_tokens: None,
             learned_prefill_tps: None,
+            busy_ratio_mean,
+            busy_ratio_worst,
+            busy_windows,
         }
     }
 }

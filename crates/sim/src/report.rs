@@ -61,6 +61,16 @@ fn dist(d: &Dist) -> Value {
     json!({"p50": r6(d.p50), "p90": r6(d.p90), "p99": r6(d.p99), "mean": r6(d.mean)})
 }
 
+/// The busy-balance figures of a run (see [`crate::metrics`]).
+pub fn busy_json(r: &RunResult, window_s: Value) -> Value {
+    json!({
+        "window_s": window_s,
+        "max_over_mean_mean": r6(r.busy_ratio_mean),
+        "max_over_mean_worst": r6(r.busy_ratio_worst),
+        "half_busy_windows": r.busy_windows,
+    })
+}
+
 fn result_json(r: &RunResult, b: &Bounds) -> Value {
     json!({
         "policy": r.policy,
@@ -97,6 +107,7 @@ fn result_json(r: &RunResult, b: &Bounds) -> Value {
         "per_replica_requests": r.per_replica_requests,
         "prefill_gpu_s": r6(r.prefill_gpu_s),
         "evicted_blocks": r.evicted_blocks,
+        "busy_balance": busy_json(r, Value::Null),
         "index_credited_tokens": r.credited_tokens,
         "learned_prefill_tps": r.learned_prefill_tps.map(r6),
     })
@@ -115,11 +126,15 @@ pub fn to_json(rep: &Report) -> Value {
                 if let Some(x) = v.pointer_mut("/load_max_over_mean/window_s") {
                     *x = json!(c.window_s);
                 }
+                if let Some(x) = v.pointer_mut("/busy_balance/window_s") {
+                    *x = json!(c.busy_window_s);
+                }
             }
             json!({"rate_scale": s.rate_scale, "proxies": s.proxies, "results": results})
         })
         .collect();
     json!({
+        "default_policy": crate::policy::DEFAULT_POLICY,
         "workload": {
             "name": rep.workload,
             "requests": rep.requests,
@@ -132,6 +147,7 @@ pub fn to_json(rep: &Report) -> Value {
             "report_interval_s": c.report_interval_s,
             "report_delay_s": c.report_delay_s,
             "window_s": c.window_s,
+            "busy_window_s": c.busy_window_s,
             "output_kv": c.output_kv,
             "cost_model": {
                 "prefill_tokens_per_s": c.cost.prefill_tokens_per_s,
@@ -262,8 +278,8 @@ pub fn to_table(rep: &Report) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7} | {:>5} {:>5} | {:>6} {:>6} {:>6}",
-            "policy", "hit%", "%orcl", "TTFT50", "TTFT90", "TTFT99", "E2E50", "E2E90", "tok/s", "LBmax", "LBavg", "spill", "fallbk", "evictM"
+            "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7} | {:>5} {:>5} {:>5} | {:>6} {:>6} {:>6}",
+            "policy", "hit%", "%orcl", "TTFT50", "TTFT90", "TTFT99", "E2E50", "E2E90", "tok/s", "LBmax", "LBavg", "busy", "spill", "fallbk", "evictM"
         );
         for r in &set.results {
             let frac = if b.oracle_hit > 0.0 {
@@ -273,7 +289,7 @@ pub fn to_table(rep: &Report) -> String {
             };
             let _ = writeln!(
                 s,
-                "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7.0} | {:>5.2} {:>5.2} | {:>6} {:>6} {:>6.1}",
+                "{:<30} {:>5} {:>6} | {:>6} {:>6} {:>6} | {:>6} {:>6} | {:>7.0} | {:>5.2} {:>5.2} {:>5} | {:>6} {:>6} {:>6.1}",
                 truncate(&r.policy, 30),
                 pct(r.hit_rate),
                 pct(frac),
@@ -285,6 +301,11 @@ pub fn to_table(rep: &Report) -> String {
                 r.throughput_tok_s,
                 r.load_ratio_worst,
                 r.load_ratio_mean,
+                if r.busy_windows > 0 {
+                    format!("{:.2}", r.busy_ratio_mean)
+                } else {
+                    "-".to_string()
+                },
                 r.spill,
                 r.fallback,
                 r.evicted_blocks as f64 / 1e6,
@@ -317,8 +338,8 @@ pub fn to_table(rep: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "\nhit% = prompt tokens served from cache; %orcl = hit / oracle; TTFT/E2E in seconds; LBmax/LBavg = worst / mean over {:.0} s windows of (max / mean replica load); evictM = blocks evicted (millions)",
-        c.window_s
+        "\nhit% = prompt tokens served from cache; %orcl = hit / oracle; TTFT/E2E in seconds; LBmax/LBavg = worst / mean over {:.0} s windows of (max / mean replica load); busy = mean over {:.0} s windows with the fleet at least half busy of (max / mean replica busy time; a replica is busy while it holds a waiting or running request; - = no such window); evictM = blocks evicted (millions)",
+        c.window_s, c.busy_window_s
     );
     s
 }

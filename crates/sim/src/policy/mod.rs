@@ -162,6 +162,12 @@ impl fmt::Display for SpecError {
 
 impl std::error::Error for SpecError {}
 
+/// The policy label of the filter's default configuration: the one place
+/// the simulator names it (plain-run and suite JSON `default_policy`, the
+/// suite's scoreboard): `prefix-router`, the core with the filter's
+/// default config (`cost.mode: spill`).
+pub const DEFAULT_POLICY: &str = "prefix-router";
+
 /// Names accepted by [`PolicySpec::parse`].
 pub const NAMES: &[&str] = &[
     "prefix-router",

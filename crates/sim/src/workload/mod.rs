@@ -13,8 +13,10 @@
 //! first user message KubeAI keys on, and (precomputed once, shared by every
 //! policy) the replica's view: a [`Prompt`] of chained 16-token block hashes.
 
+pub mod agentic;
 pub mod azure;
 pub mod mooncake;
+pub mod rag;
 pub mod sharegpt;
 pub mod synthetic;
 
@@ -39,6 +41,9 @@ pub enum Text {
     Gen { key: u64, len: u32 },
     /// Literal text.
     Lit(Arc<str>),
+    /// Several texts one after another (e.g. retrieved documents and a
+    /// question in one message).
+    Cat(Arc<[Text]>),
 }
 
 impl Text {
@@ -47,21 +52,33 @@ impl Text {
         match self {
             Text::Gen { key, len } => gen_text(*key, *len as usize, out),
             Text::Lit(s) => out.extend_from_slice(s.as_bytes()),
+            Text::Cat(parts) => parts.iter().for_each(|p| p.write(out)),
         }
     }
 
     /// Append as a JSON string literal.
     fn write_json(&self, out: &mut Vec<u8>) {
+        out.push(b'"');
+        self.write_json_content(out);
+        out.push(b'"');
+    }
+
+    /// Append the JSON-escaped content (no quotes).
+    fn write_json_content(&self, out: &mut Vec<u8>) {
         match self {
-            Text::Gen { .. } => {
-                out.push(b'"');
-                self.write(out);
-                out.push(b'"');
-            }
+            // Generated text needs no escaping (see `crate::text`).
+            Text::Gen { .. } => self.write(out),
             Text::Lit(s) => {
                 // Writing into a Vec cannot fail.
+                let start = out.len();
                 let _ = serde_json::to_writer(&mut *out, &**s);
+                // Drop the quotes serde_json put around it.
+                if out.len() >= start + 2 {
+                    out.pop();
+                    out.remove(start);
+                }
             }
+            Text::Cat(parts) => parts.iter().for_each(|p| p.write_json_content(out)),
         }
     }
 
@@ -70,6 +87,7 @@ impl Text {
         match self {
             Text::Gen { len, .. } => *len as usize,
             Text::Lit(s) => s.len(),
+            Text::Cat(parts) => parts.iter().map(Text::len).sum(),
         }
     }
 
@@ -247,8 +265,7 @@ pub fn load_trace(
     seed: u64,
     block_tokens: u32,
 ) -> Result<Workload, WorkloadError> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| WorkloadError::new(format!("cannot read {}: {e}", path.display())))?;
+    let bytes = read_maybe_gzip(path)?;
     let head = bytes.get(..bytes.len().min(4096)).unwrap_or(&bytes);
     let format = match opts.format.or_else(|| Format::detect(head)) {
         Some(f) => f,
@@ -263,11 +280,28 @@ pub fn load_trace(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
+    let name = name.strip_suffix(".gz").unwrap_or(&name).to_string();
     match format {
         Format::Mooncake => mooncake::parse(&bytes, &name, opts.limit, seed, block_tokens),
         Format::Azure => azure::parse(&bytes, &name, opts.limit, seed, block_tokens),
         Format::ShareGpt => sharegpt::parse(&bytes, &name, opts, seed, block_tokens),
     }
+}
+
+/// Read a file, gunzipping it when it starts with the gzip magic bytes
+/// (`chitchat_sharegpt_format.json.gz` is used as shipped).
+pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>, WorkloadError> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| WorkloadError::new(format!("cannot read {}: {e}", path.display())))?;
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        use std::io::Read;
+        let mut out = Vec::with_capacity(bytes.len() * 4);
+        flate2::read::MultiGzDecoder::new(bytes.as_slice())
+            .read_to_end(&mut out)
+            .map_err(|e| WorkloadError::new(format!("cannot gunzip {}: {e}", path.display())))?;
+        return Ok(out);
+    }
+    Ok(bytes)
 }
 
 impl Workload {

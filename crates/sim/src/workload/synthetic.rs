@@ -11,11 +11,19 @@
 //! | `zipf` | `shared-prefix` with `zipf=1.1` | group popularity Zipf(s): a few hot system prompts |
 //! | `long-context` | `groups=250,prompts=5,system=16000,question=256,output=256,rate=4` | cache pressure: the groups' prefixes (4M tokens) exceed 8 replicas' caches |
 //! | `multi-turn` | `groups=6,users=1000,turns=5,system=2000,question=200,output=200,session_rate=20,think=5` | few groups (system prompts), many users (per group), each a multi-turn conversation with growing history; closed loop with think time |
+//! | `bursty` | `groups=60,prompts=25,system=3000,question=400,output=250,rate=10,burst=6,period=30,duty=0.1` | `shared-prefix` arrivals in bursts: every `period` s, `duty` of it at `burst` x the mean rate, the rest slower (same mean `rate`) |
+//! | `agentic` | `groups=8,users=20,turns=10,system=6000,question=300,tool=2000,output=60,session_rate=0.5,think=1` | agentic tool loops ([`super::agentic`]): long, growing contexts |
+//! | `rag` | `docs=8,doc=6000,k=2,zipf=1,system=400,question=150,output=200,users=700,turns=3,session_rate=4,think=8` | many users sharing a few long documents ([`super::rag`]) |
 //!
 //! Keys: `groups`, `prompts` (per group), `system`, `question`, `output`,
 //! `rate` (requests/s, Poisson), `zipf` (exponent; 0 = every group gets
 //! exactly `prompts` requests), `users` (per group), `turns`,
-//! `session_rate` (sessions/s), `think` (mean seconds, exponential).
+//! `session_rate` (sessions/s), `think` (mean seconds, exponential),
+//! `burst`, `period`, `duty` (open-loop arrivals: peak / mean rate, cycle
+//! length in seconds, fraction of the cycle at the peak; `burst=1`, the
+//! default outside `bursty`, is a plain Poisson process), `tool` (mean
+//! tool-result tokens, `agentic`), `docs`, `doc`, `k` (`rag`: documents,
+//! mean document tokens, documents retrieved per request).
 
 use super::{
     fill_chat_prompts, Conversation, Kind, Request, Session, Text, Workload, WorkloadError,
@@ -37,6 +45,18 @@ pub struct Spec {
     pub turns: usize,
     pub session_rate: f64,
     pub think: f64,
+    /// Open-loop arrivals: peak rate / mean rate (1 = Poisson).
+    pub burst: f64,
+    /// Burst cycle, seconds.
+    pub period: f64,
+    /// Fraction of each cycle at the peak rate.
+    pub duty: f64,
+    /// `agentic`: mean tool-result tokens.
+    pub tool: u32,
+    /// `rag`: documents, mean document tokens, documents per request.
+    pub docs: usize,
+    pub doc: u32,
+    pub k: usize,
     /// The spec as given (for the report).
     pub text: String,
 }
@@ -46,6 +66,8 @@ pub struct Spec {
 pub enum SynthKind {
     Groups,
     MultiTurn,
+    Agentic,
+    Rag,
 }
 
 impl Spec {
@@ -65,6 +87,13 @@ impl Spec {
             turns: 5,
             session_rate: 20.0,
             think: 5.0,
+            burst: 1.0,
+            period: 30.0,
+            duty: 0.1,
+            tool: 1000,
+            docs: 8,
+            doc: 6000,
+            k: 2,
             text: s.to_string(),
         };
         match name {
@@ -88,9 +117,40 @@ impl Spec {
                 spec.question = 200;
                 spec.output = 200;
             }
+            "bursty" => {
+                spec.groups = 60;
+                spec.prompts = 25;
+                spec.system = 3000;
+                spec.question = 400;
+                spec.output = 250;
+                spec.burst = 6.0;
+            }
+            "agentic" => {
+                spec.kind = SynthKind::Agentic;
+                spec.groups = 8;
+                spec.users = 20;
+                spec.turns = 10;
+                spec.system = 6000;
+                spec.question = 300;
+                spec.tool = 2000;
+                spec.output = 60;
+                spec.session_rate = 0.5;
+                spec.think = 1.0;
+            }
+            "rag" => {
+                spec.kind = SynthKind::Rag;
+                spec.zipf = 1.0;
+                spec.system = 400;
+                spec.question = 150;
+                spec.output = 200;
+                spec.users = 700;
+                spec.turns = 3;
+                spec.session_rate = 4.0;
+                spec.think = 8.0;
+            }
             other => {
                 return Err(WorkloadError::new(format!(
-                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn"
+                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn, bursty, agentic, rag"
                 )))
             }
         }
@@ -119,6 +179,13 @@ impl Spec {
                 "turns" => spec.turns = int(v)?,
                 "session_rate" => spec.session_rate = flt(v)?,
                 "think" => spec.think = flt(v)?,
+                "burst" => spec.burst = flt(v)?,
+                "period" => spec.period = flt(v)?,
+                "duty" => spec.duty = flt(v)?,
+                "tool" => spec.tool = int(v)? as u32,
+                "docs" => spec.docs = int(v)?,
+                "doc" => spec.doc = int(v)? as u32,
+                "k" => spec.k = int(v)?,
                 _ => {
                     return Err(WorkloadError::new(format!(
                         "unknown synthetic option {k:?}"
@@ -137,13 +204,61 @@ impl Spec {
         if spec.question == 0 {
             return Err(WorkloadError::new("question must be > 0 tokens"));
         }
+        if spec.burst < 1.0
+            || spec.period <= 0.0
+            || !(spec.duty > 0.0 && spec.duty < 1.0)
+            || spec.burst * spec.duty > 1.0
+        {
+            return Err(WorkloadError::new(
+                "burst must be >= 1, period > 0, 0 < duty < 1 and burst x duty <= 1",
+            ));
+        }
+        if spec.docs == 0 || spec.doc == 0 || spec.k == 0 || spec.k > spec.docs {
+            return Err(WorkloadError::new(
+                "docs, doc and k must be > 0, and k <= docs",
+            ));
+        }
         Ok(spec)
     }
 }
 
-const SYS: u64 = 0x7379_7374_656d; // "system"
-const QST: u64 = 0x7175_6573_7469; // "questi"
-const ANS: u64 = 0x616e_7377_6572; // "answer"
+pub(super) const SYS: u64 = 0x7379_7374_656d; // "system"
+pub(super) const QST: u64 = 0x7175_6573_7469; // "questi"
+pub(super) const ANS: u64 = 0x616e_7377_6572; // "answer"
+
+/// The next open-loop arrival after `t`: Poisson at `spec.rate`, or with
+/// `burst > 1` a Poisson process whose rate is `burst x rate` for the first
+/// `duty` of every `period` seconds and `(1 - burst x duty) / (1 - duty) x
+/// rate` for the rest (the same mean rate), drawn by time rescaling (one
+/// unit exponential spent over the piecewise-constant rate).
+fn next_arrival(spec: &Spec, t: f64, rng: &mut Rng) -> f64 {
+    if spec.burst <= 1.0 {
+        return t + rng.exp(1.0 / spec.rate);
+    }
+    let hi = spec.rate * spec.burst;
+    let lo = spec.rate * (1.0 - spec.burst * spec.duty).max(0.0) / (1.0 - spec.duty);
+    let on = spec.period * spec.duty;
+    let mut need = rng.exp(1.0);
+    let mut t = t;
+    // At most a few thousand phases: the rate is > 0 in every peak phase.
+    for _ in 0..1_000_000 {
+        let cycle = (t / spec.period).floor();
+        let into = t - cycle * spec.period;
+        let (r, end) = if into < on {
+            (hi, cycle * spec.period + on)
+        } else {
+            (lo, (cycle + 1.0) * spec.period)
+        };
+        let left = (end - t).max(0.0);
+        if r > 0.0 && need <= r * left {
+            return t + need / r;
+        }
+        need -= r * left;
+        // Step past the boundary (guards against float rounding at `end`).
+        t = if end > t { end } else { t + 1e-9 };
+    }
+    t
+}
 
 /// Build the workload.
 pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
@@ -197,9 +312,11 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
                     requests: vec![i as u32],
                     think: vec![0.0],
                 });
-                t += rng.exp(1.0 / spec.rate);
+                t = next_arrival(spec, t, &mut rng);
             }
         }
+        SynthKind::Agentic => super::agentic::build(spec, seed, block_tokens, &mut wl, &mut rng),
+        SynthKind::Rag => super::rag::build(spec, seed, block_tokens, &mut wl, &mut rng),
         SynthKind::MultiTurn => {
             let n = spec.groups * spec.users;
             let mut t = 0.0;
