@@ -450,7 +450,11 @@ fn spike(args: &[String]) -> Result<(), String> {
         println!(
             "== cost.mode {}: starting 4 backends + Envoy",
             if cost {
-                format!("on, cost.queue {}", opts.queue)
+                if opts.cost_patch.is_empty() {
+                    "spill (the default)".to_string()
+                } else {
+                    format!("as patched: {}", serde_json::Value::Object(opts.cost_patch.clone()))
+                }
             } else {
                 "off (bounded ring only)".to_string()
             }
