@@ -453,7 +453,10 @@ fn spike(args: &[String]) -> Result<(), String> {
                 if opts.cost_patch.is_empty() {
                     "spill (the default)".to_string()
                 } else {
-                    format!("as patched: {}", serde_json::Value::Object(opts.cost_patch.clone()))
+                    format!(
+                        "as patched: {}",
+                        serde_json::Value::Object(opts.cost_patch.clone())
+                    )
                 }
             } else {
                 "off (bounded ring only)".to_string()

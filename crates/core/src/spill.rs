@@ -133,6 +133,18 @@ pub fn spread(key: u64) -> f64 {
     1.0 + (key >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// Plain bounded loads along the key's whole walk ([`Ring::place`]).
+fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
+    let el: Vec<bool> = (0..ring.hosts())
+        .map(|h| x.eligible.get(h).copied().unwrap_or(true))
+        .collect();
+    ring.place(key, x.loads, bound, &el).map(|p| Placed {
+        host: p.host,
+        rank: p.skipped,
+        why: Why::Bound,
+    })
+}
+
 /// Place `key` by the priced spill; `None` only if no host is eligible.
 pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
     let n = CANDIDATES.min(ring.hosts());
@@ -149,14 +161,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
                 why: Why::Bound,
             });
         }
-        let el: Vec<bool> = (0..ring.hosts())
-            .map(|h| x.eligible.get(h).copied().unwrap_or(true))
-            .collect();
-        return ring.place(key, x.loads, bound, &el).map(|p| Placed {
-            host: p.host,
-            rank: p.skipped,
-            why: Why::Bound,
-        });
+        return bounded(ring, key, bound, x);
     };
     let w_o = q_o.max(0.0) * x.service_s;
     let u = spread(key);
@@ -201,14 +206,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         None => {
             // The owner and every candidate over their bounds: bounded
             // loads along the whole walk.
-            let el: Vec<bool> = (0..ring.hosts())
-                .map(|h| x.eligible.get(h).copied().unwrap_or(true))
-                .collect();
-            return ring.place(key, x.loads, bound, &el).map(|p| Placed {
-                host: p.host,
-                rank: p.skipped,
-                why: Why::Bound,
-            });
+            return bounded(ring, key, bound, x);
         }
     };
     Some(Placed {
