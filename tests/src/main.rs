@@ -50,7 +50,7 @@ options:
   --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
                       '{\"capacity_factor\": 2.0}' (default: none)
   --also JSON         also run the filter with this patch (instead of --filter-patch) and add it
-                      as a third column, e.g. '{\"cost\": {\"mode\": \"on\"}}': side by side in
+                      as a third column, e.g. '{\"cost\": {\"mode\": \"index\"}}': side by side in
                       one run
   --proxies N         run every column with N proxies (Envoys, sglang-routers) in front of the
                       same backends, a conversation's turns alternating between them (default 1)

@@ -6,7 +6,7 @@
 //! [`Decision`] that metrics, logs and the debug header are driven from.
 //! Neither has a clock or randomness: `now_ms` comes in as an argument.
 //!
-//! The cost rule ([`crate::cost`], `cost.mode = on`) is a separate entry
+//! The cost rule ([`crate::cost`], `cost.mode = index`) is a separate entry
 //! point, [`Router::decide_with_cost`] / [`Router::place_cost`]: it needs the
 //! whole prompt's strided chain ([`Router::key_with_chain`]) and a
 //! [`PrefixLookup`] (the simulator's [`PrefixIndex`] or the filter's
@@ -443,7 +443,7 @@ impl Router {
         PrefixIndex::new(self.cfg.cost.index)
     }
 
-    /// Place by the cost rule ([`crate::cost`]) if `cost.mode = on`, else
+    /// Place by the cost rule ([`crate::cost`]) if `cost.mode = index`, else
     /// exactly [`Router::place`]. `skipped` is the chosen host's position on
     /// the key's walk (0: the owner, a "hit").
     pub fn place_cost<I: PrefixLookup + ?Sized>(

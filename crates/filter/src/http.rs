@@ -12,7 +12,7 @@
 //!    decision header if configured.
 //! 4. Log / done: the in-flight count is released exactly once.
 //!
-//! With `cost.mode = on` step 2 also hashes the whole prompt's strided chain
+//! With `cost.mode = index` step 2 also hashes the whole prompt's strided chain
 //! and places by the cost rule, reading the shared-data prefix index
 //! ([`prefix_router_core::shared_index`]) and, with `cost.queue = tokens`,
 //! each host's pending prefill tokens (this request's uncached prompt
