@@ -15,7 +15,7 @@
 //! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
 //!    service_s`, `q_h` the fresh reported prefill queue (vLLM's
 //!    `num_requests_waiting`, ORCA or scrape), faded by age.
-//! 3. **Under its bound** (`c^u` times the fleet's mean, floor
+//! 3. **Under its bound** (`c^u` times the fleet's mean load, floor
 //!    `min_capacity`; `u` in `[1, 2)` from the key's hash, so keys leave a
 //!    loaded owner one by one as its load grows, the same keys each time)
 //!    `o` keeps the request unless a candidate `j` under its own bound has
@@ -41,10 +41,11 @@
 //!
 //! ## Consistency
 //! What moves a request is the same in every proxy: the ring, the config,
-//! the request's own bytes and the replicas' reports. A proxy's own
-//! in-flight requests enter only through the bound, as its share of the
-//! load the reports also show. No prefix index, no gossip, no state per
-//! key.
+//! the request's own bytes and the replicas' reports. The bound counts a
+//! replica's load as its own fresh report says (waiting + running,
+//! [`crate::load::HostLoad::shared`]); a proxy's own in-flight requests
+//! count only when they are more (a stale report, or none). No prefix
+//! index, no gossip, no state per key.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
