@@ -6,7 +6,8 @@
 #   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
 #   ./build.sh native     build the backend simulator and the lab: target/native/
 #   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
-#                         validation loads it and runs the filter's on_configure)
+#                         validation loads it and runs the filter's on_configure), then
+#                         tools/check-buffer-limits.py (max_body_bytes vs Envoy's buffer limits)
 #   ./build.sh peers      a Python venv at .venv-peers with sglang-router==0.3.2 (SGLang's model
 #                         gateway, for the demo's --sglang columns and the e2e test that runs it)
 #   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
@@ -96,6 +97,9 @@ cmd_validate() {
             die "Envoy rejected $cfg"
         fi
     done
+    step "validate: buffer limits against the filter's max_body_bytes (tools/check-buffer-limits.py)"
+    python3 "$ROOT/tools/check-buffer-limits.py" envoy/*.yaml \
+        || die "a request buffer limit in envoy/ does not hold max_body_bytes plus one read"
 }
 
 cmd_demo() {

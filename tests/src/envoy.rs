@@ -446,6 +446,29 @@ impl Envoy {
         self.child.log_path()
     }
 
+    /// Envoy's process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.pid()
+    }
+
+    /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the Envoy process: a stand-in for a worker
+    /// too busy to read its sockets for a while.
+    pub fn pause(&self, stop: bool) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| LabError("Envoy is not running".to_string()))?;
+        let sig = if stop { "-STOP" } else { "-CONT" };
+        let st = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()?;
+        if st.success() {
+            Ok(())
+        } else {
+            Err(LabError(format!("kill {sig} {pid}: {st}")))
+        }
+    }
+
     /// `Some(status)` if Envoy has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait()
