@@ -15,6 +15,7 @@
 //! | `prefix_router.host_errors` | host calls that failed (details in the log) |
 //! | `prefix_router.health.ejections` | hosts ejected by passive health |
 //! | `prefix_router.scrapes` / `prefix_router.scrape_errors` | active `/metrics` scrapes stored / failed |
+//! | `prefix_router.scrape.unknown_cluster` / `prefix_router.gossip.unknown_cluster` | calls Envoy refused because it has no cluster named `scrape.cluster` / `gossip.cluster` (a config error the filter cannot see at configure time; also logged once per VM at error level naming the field): alert on > 0 |
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
 //! | `prefix_router.index.observed` | `cost.mode = on`: boundary entries written to the shared prefix index |
 //! | `prefix_router.index.footprint_bytes` | `cost.mode = on`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
@@ -51,6 +52,7 @@ pub struct Metrics {
     pub ejections: u32,
     pub scrapes: u32,
     pub scrape_errors: u32,
+    pub scrape_unknown_cluster: u32,
     pub index_observed: u32,
     pub index_footprint: u32,
     pub index_used: u32,
@@ -70,6 +72,7 @@ pub struct Metrics {
     pub gossip_unknown_host: u32,
     pub gossip_rejected: u32,
     pub gossip_loads: u32,
+    pub gossip_unknown_cluster: u32,
     per_host: Vec<u32>,
 }
 
@@ -87,12 +90,6 @@ fn gossip(cfg: &Config, name: &str) -> u32 {
     } else {
         0
     }
-}
-
-fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
 }
 
 impl Metrics {
@@ -120,6 +117,11 @@ impl Metrics {
             ejections: def("prefix_router.health.ejections"),
             scrapes: def("prefix_router.scrapes"),
             scrape_errors: def("prefix_router.scrape_errors"),
+            scrape_unknown_cluster: if cfg.scrape.is_some() {
+                def("prefix_router.scrape.unknown_cluster")
+            } else {
+                0
+            },
             index_observed: if cfg.cost.enabled {
                 def("prefix_router.index.observed")
             } else {
@@ -183,10 +185,16 @@ impl Metrics {
             gossip_unknown_host: gossip(cfg, "unknown_host"),
             gossip_rejected: gossip(cfg, "rejected"),
             gossip_loads: gossip(cfg, "loads_applied"),
+            gossip_unknown_cluster: gossip(cfg, "unknown_cluster"),
             per_host: cfg
                 .hosts
                 .iter()
-                .map(|h| def(&format!("prefix_router.host.{}.routed", sanitize(&h.name))))
+                .map(|h| {
+                    def(&format!(
+                        "prefix_router.host.{}.routed",
+                        prefix_router_core::config::metric_name(&h.name)
+                    ))
+                })
                 .collect(),
         }
     }
