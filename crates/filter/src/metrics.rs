@@ -14,6 +14,7 @@
 //! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
 //! | `prefix_router.host_errors` | host calls that failed (details in the log) |
 //! | `prefix_router.health.ejections` | hosts ejected by passive health |
+//! | `prefix_router.health.retried_failures` | requests whose try at the chosen host failed and that Envoy retried on another host (a failure for passive health, though the client got an answer) |
 //! | `prefix_router.scrapes` / `prefix_router.scrape_errors` | active `/metrics` scrapes stored / failed |
 //! | `prefix_router.scrape.unknown_cluster` / `prefix_router.gossip.unknown_cluster` | calls Envoy refused because it has no cluster named `scrape.cluster` / `gossip.cluster` (a config error the filter cannot see at configure time; also logged once per VM at error level naming the field): alert on > 0 |
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
@@ -50,6 +51,7 @@ pub struct Metrics {
     pub load_report_errors: u32,
     pub host_errors: u32,
     pub ejections: u32,
+    pub health_retried_failures: u32,
     pub scrapes: u32,
     pub scrape_errors: u32,
     pub scrape_unknown_cluster: u32,
@@ -115,6 +117,7 @@ impl Metrics {
             load_report_errors: def("prefix_router.load_report_errors"),
             host_errors: def("prefix_router.host_errors"),
             ejections: def("prefix_router.health.ejections"),
+            health_retried_failures: def("prefix_router.health.retried_failures"),
             scrapes: def("prefix_router.scrapes"),
             scrape_errors: def("prefix_router.scrape_errors"),
             scrape_unknown_cluster: if cfg.scrape.is_some() {
