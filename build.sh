@@ -140,14 +140,17 @@ cmd_test() {
     cmd_validate
     cmd_native
 
-    step "test: test-only filter for the FAIL_OPEN test (crates/testbed)"
+    step "test: test-only filters: crates/testbed (FAIL_OPEN test), prefix-router with feature test-trap (FAIL_RELOAD test; its own target dir)"
     cargo build --release --target wasm32-wasip1 -p prefix-router-testbed
+    cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap \
+        --target-dir "$ROOT/target/test-trap"
 
     step "test: end-to-end (Envoy + prefix_router.wasm + backend simulators on loopback)"
     ENVOY_BIN="$(envoy_bin)" \
     PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
     PREFIX_ROUTER_WASM="$WASM" \
     PREFIX_ROUTER_TESTBED_WASM="$ROOT/target/wasm32-wasip1/release/testbed_filter.wasm" \
+    PREFIX_ROUTER_TRAP_WASM="$ROOT/target/test-trap/wasm32-wasip1/release/prefix_router.wasm" \
     SGLANG_ROUTER_PYTHON="$PEERS_VENV/bin/python" \
         cargo test -p prefix-router-lab --test e2e -- --ignored --test-threads=1
 

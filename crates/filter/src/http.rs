@@ -49,6 +49,9 @@ use crate::root::State;
 pub const ORCA_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
 /// ORCA response header.
 pub const ORCA_HEADER: &str = "endpoint-load-metrics";
+/// Feature `test-trap` only: a request with this header traps the VM.
+#[cfg(feature = "test-trap")]
+pub const TEST_TRAP_HEADER: &str = "x-prefix-router-test-trap";
 
 /// One request.
 pub struct Http {
@@ -722,6 +725,10 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "test-trap")]
+        if matches!(host::request_header(TEST_TRAP_HEADER), Ok(Some(_))) {
+            crate::root::trap();
+        }
         let cfg = self.st.router.config();
         // Never let a client pick the backend, whatever happens next.
         if let Err(e) = host::set_request_header(&cfg.destination_header, None) {

@@ -32,10 +32,14 @@
 //! | `prefix_router.gossip.dropped` | `gossip.peers`: observations dropped unsent because the outbox held `max_batch_bytes` |
 //! | `prefix_router.gossip.applied` / `prefix_router.gossip.unknown_host` | `gossip.accept`: received observations recorded in this Envoy's index / naming a host not in its `hosts` (skipped) |
 //! | `prefix_router.gossip.rejected` | `gossip.accept`: received batches refused (malformed, too large, another fingerprint, not a POST); the 400 answer and the log say why |
+//! | `prefix_router.vm.starts` | VMs of this filter started (`on_vm_start`; an Envoy counter, so it outlives a VM): workers + 1 after startup, one more for each VM Envoy reloads after a failure (`failure_policy: FAIL_RELOAD`) or a config change brings. Alert on an increase without a config change; Envoy's own `wasm.<plugin>.vm_reload` (`envoy_wasm_prefix_router_vm_reload`) counts the reloads alone |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
 use proxy_wasm::types::MetricType;
+
+/// VMs started ([`crate::root::Root`]'s `on_vm_start`).
+pub const VM_STARTS: &str = "prefix_router.vm.starts";
 
 /// Metric ids of this VM (0 = not defined; incrementing it fails quietly).
 #[derive(Debug, Default)]
