@@ -13,6 +13,9 @@
 #   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
 #   ./build.sh test       setup, peers, fmt, clippy (native + wasm32), unit tests, core tests on
 #                         wasm32 under node's WASI, wasm build, validate, native build, end-to-end
+#   ./build.sh fuzz       nightly + cargo-fuzz (installed if missing), then each fuzz/ target for
+#                         FUZZ_SECONDS (60) from its committed seeds (fuzz/seeds/<target>); prints
+#                         libFuzzer's run counts; not part of `test`
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
 set -euo pipefail
@@ -157,8 +160,29 @@ cmd_test() {
     step "test: all passed in $((SECONDS - start)) s"
 }
 
+cmd_fuzz() {
+    local secs="${FUZZ_SECONDS:-60}" t log
+    step "fuzz: nightly toolchain and cargo-fuzz"
+    rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+    mkdir -p "$ROOT/fuzz/logs"
+    for t in route config load_reports gossip; do
+        step "fuzz: $t for ${secs} s (corpus fuzz/corpus/$t, seeds fuzz/seeds/$t)"
+        mkdir -p "$ROOT/fuzz/corpus/$t"
+        log="$ROOT/fuzz/logs/$t.log"
+        # The first directory is the corpus libFuzzer grows; the seeds are read only.
+        if ! (cd "$ROOT/fuzz" && cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+                -max_total_time="$secs" -print_final_stats=1) >"$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            die "fuzz target $t failed (crash input under fuzz/artifacts/$t; log $log)"
+        fi
+        grep -E '^(Done [0-9]+ runs|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || tail -n 5 "$log"
+    done
+    step "fuzz: every target ran ${secs} s without a crash"
+}
+
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
@@ -169,6 +193,7 @@ case "${1:-}" in
     validate) cmd_validate ;;
     demo) shift; cmd_demo "$@" ;;
     test) cmd_test ;;
+    fuzz) cmd_fuzz ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
 esac

@@ -1102,7 +1102,7 @@ impl Config {
 /// `hosts[0].weight`, not the offending value as serde's message would
 /// suggest), the value as written and what was expected.
 fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
-    let path = e.path().to_string();
+    let path = path_text(e.path());
     let inner = e.into_inner();
     let at = format!(" at line {} column {}", inner.line(), inner.column());
     let full = inner.to_string();
@@ -1123,10 +1123,10 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
         return err(field(None), "(not JSON)", format!("{msg}{at}"));
     }
     if let Some(rest) = msg.strip_prefix("unknown field ") {
-        let name = if path == "." { ticked(rest) } else { None };
-        let allowed = rest.split_once(", expected ").map_or("", |(_, a)| a);
+        // The path ends with the unknown key itself.
+        let allowed = rest.rsplit_once("`, expected ").map_or("", |(_, a)| a);
         return err(
-            field(name.as_deref()),
+            field(None),
             "(set)",
             format!("unknown field; expected {allowed}"),
         );
@@ -1163,6 +1163,37 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
         );
     }
     err(field(None), "(see reason)", msg.to_string())
+}
+
+/// A JSON path as the config's fields are named (`hosts[0].weight`; `.` for
+/// the top level). A key that is not a plain name is quoted (`cost."a b"`,
+/// `""`), so every path names a field, whatever the JSON's keys.
+fn path_text(p: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for seg in p.iter() {
+        match seg {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                let plain =
+                    !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                if plain {
+                    out.push_str(key);
+                } else {
+                    out.push_str(&format!("{key:?}"));
+                }
+            }
+            Segment::Unknown => out.push_str(".?"),
+        }
+    }
+    if out.is_empty() {
+        ".".to_string()
+    } else {
+        out
+    }
 }
 
 /// serde's description of a JSON value (`integer `-5``, `string "x"`,
@@ -2019,6 +2050,16 @@ mod tests {
             ),
         ] {
             assert_eq!(text(&json), want, "{json}");
+        }
+        // Keys that are not plain names are quoted, so the field is never
+        // empty (found by the config fuzz target).
+        for (json, field) in [
+            (r#"{"":1}"#.to_string(), r#""""#),
+            (r#"{"hosts":[{"":1}]}"#.to_string(), r#"hosts[0]."""#),
+            (format!(r#"{{{H},"cost":{{"x`y":1}}}}"#), r#"cost."x`y""#),
+            (format!(r#"{{{H},"a.b":1}}"#), r#""a.b""#),
+        ] {
+            assert_eq!(bad(&json).field, field, "{json}");
         }
         let e = bad(&format!(r#"{{{H},"bogus":1}}"#));
         assert_eq!((e.field.as_str(), e.value.as_str()), ("bogus", "(set)"));
