@@ -760,11 +760,12 @@ fn active_scrape_sees_a_queue_spike_without_traffic() {
     }
 }
 
-// 11. Passive health: a replica that dies is ejected after failure_threshold failed tries, its
-//     keys go to their ring successors, and it is readmitted after the cool-down. With
-//     envoy.yaml's retry policy (connect-failure and the like) the requests that meet the dead
-//     replica are retried on another one and succeed: the filter counts the failed try against
-//     the replica it chose (the try count and the last try's host tell it), so it still ejects.
+// 11. Passive health: a replica that dies (nothing in flight on it) is ejected and its keys go to
+//     their ring successors. With envoy.yaml's retry policy (connect-failure and the like) the
+//     requests that meet the dead replica are retried on another one and succeed: the filter
+//     counts each failed try against the replica it chose (the try count and the last try's
+//     host tell it) as a try it did not take, and health.unreachable_threshold (2) of those
+//     eject it.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn passive_health_ejects_a_dead_replica() {
@@ -774,8 +775,9 @@ fn passive_health_ejects_a_dead_replica() {
         EnvoyMode::PrefixRouter,
         // The hot rule off: the retried requests add load to a live replica, and the hot rule
         // could then move a key whose replica lives (this test is about health alone).
+        // Default thresholds (5 failures, 2 unreachable tries): the two retried tries eject it.
         FilterConfig::Patched(json!({
-            "health": {"failure_threshold": 2, "cooldown_ms": 60000},
+            "health": {"cooldown_ms": 60000},
             "cost": {"hot_window_s": 0}
         })),
     );
@@ -792,8 +794,8 @@ fn passive_health_ejects_a_dead_replica() {
     let dead = home[0].clone();
     let dead_addr = ok(lab.backend(&dead)).address();
     ok(lab.backend_mut(&dead)).kill();
-    // Its keys: the first two requests are still routed to it; their tries fail (connect
-    // failure) and Envoy retries them elsewhere, so they succeed; then it is ejected.
+    // Its keys: the first two requests are still routed to it; their tries fail (connection
+    // refused) and Envoy retries them elsewhere, so they succeed; then it is ejected.
     for i in 0..2 {
         let r = chat(&agent, &lab, &keys[0]);
         assert!(
@@ -2795,9 +2797,12 @@ fn an_unknown_scrape_cluster_is_counted_and_named() {
 // 31. Passive health counts every try (issue 21): under a bounded load (2,000 multi-turn
 //     requests, 16 at a time) a replica is killed. envoy.yaml retries tries that sent the
 //     replica nothing, so every request that had not started on the dead replica succeeds (the
-//     ones sent to it before it died may fail: their bytes may have reached it); the filter counts each try that failed at
-//     the replica it chose, and ejects it within 1 s. Before, health was recorded only for the
-//     host that finally served, and a dead replica was never ejected.
+//     ones sent to it before it died may fail: their bytes may have reached it). The filter
+//     ejects it within 1 s: its streams in flight end with a lost connection (UC/UPE) and
+//     requests routed to it next are retried elsewhere, both counted as tries it did not take
+//     (health.unreachable_threshold). Before, health was recorded only for the host that
+//     finally served (a 200 cut mid-stream counted as a success), and with retries on a dead
+//     replica was never ejected (measured: 138 requests routed to it in 8 s, all retried).
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn a_killed_replica_is_ejected_while_retries_hide_it() {
@@ -2894,10 +2899,6 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
     assert!(
         detect < Duration::from_secs(1),
         "{victim} ejected {detect:?} after the kill (1 s allowed)"
-    );
-    assert!(
-        retried > 0 && filter_counter(&lab, &["prefix_router", "retried_failures"]) > 0.0,
-        "no request routed to the dead replica was retried elsewhere"
     );
 }
 

@@ -31,7 +31,8 @@
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
 //! | `load.report_fade_ms` | 2000 | a report's waiting count weighs `1 - age / report_fade_ms` (rounded up to whole requests; the running count holds until `report_ttl_ms`), so a busy queue fades as its requests are admitted instead of pricing a replica out, and marking it hot, for the whole TTL while it sends no fresh report; 0 = full weight until `report_ttl_ms` ([`crate::load::Freshness`]) |
-//! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
+//! | `health.failure_threshold` | 5 | consecutive failed tries (connect failure, reset, 5xx, a stream cut short, a try Envoy retried on another host: [`crate::health::verdicts`]) that eject a host; 0 = off |
+//! | `health.unreachable_threshold` | 2 | consecutive tries whose connection failed or was lost (refused, closed mid-response, or retried elsewhere by a retry policy that, like `envoy/envoy.yaml`'s, retries only tries the host got nothing of) that eject it sooner: a killed replica is down, not busy; 0 = off (they count as ordinary failures) |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
 //! | `cost.mode` | `on` | `on`: choose among the owner and its ring successors under the bound by estimated TTFT ([`crate::cost`]) with the learned prefix index; `off`: plain bounded loads (the ring owner unless it is at its bound) |
 //! | `cost.candidates` | 6 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
@@ -198,6 +199,8 @@ pub struct RawHealth {
     pub failure_threshold: u32,
     #[serde(default = "d_cooldown")]
     pub cooldown_ms: u64,
+    #[serde(default = "d_unreachable")]
+    pub unreachable_threshold: u32,
 }
 
 impl Default for RawHealth {
@@ -205,8 +208,13 @@ impl Default for RawHealth {
         RawHealth {
             failure_threshold: d_failures(),
             cooldown_ms: d_cooldown(),
+            unreachable_threshold: d_unreachable(),
         }
     }
+}
+
+fn d_unreachable() -> u32 {
+    2
 }
 
 /// Cost-rule settings (see [`crate::cost`] and [`crate::index`]).
@@ -1484,6 +1492,13 @@ impl RawConfig {
                 "must be 0 (off) ..= 1000",
             ));
         }
+        if self.health.unreachable_threshold > 1000 {
+            return Err(err(
+                "health.unreachable_threshold",
+                self.health.unreachable_threshold,
+                "must be 0 (off) ..= 1000",
+            ));
+        }
         if self.health.cooldown_ms == 0 || self.health.cooldown_ms > 3_600_000 {
             return Err(err(
                 "health.cooldown_ms",
@@ -1528,6 +1543,7 @@ impl RawConfig {
             health: crate::health::HealthConfig {
                 failure_threshold: self.health.failure_threshold,
                 cooldown_ms: self.health.cooldown_ms,
+                unreachable_threshold: self.health.unreachable_threshold,
             },
             scrape,
             cost,
@@ -1833,6 +1849,9 @@ mod tests {
         assert_eq!(e.field, "vnodes");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"health":{"cooldown_ms":0}}"#);
         assert_eq!(e.field, "health.cooldown_ms");
+        let e =
+            bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"health":{"unreachable_threshold":1001}}"#);
+        assert_eq!(e.field, "health.unreachable_threshold");
         let e = bad(
             r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"tgi"}}"#,
         );
@@ -2038,7 +2057,7 @@ mod tests {
             ),
             (
                 format!(r#"{{{H},"health":{{"cooldown":1}}}}"#),
-                format!("{p} `health.cooldown` = (set): unknown field; expected `failure_threshold` or `cooldown_ms`"),
+                format!("{p} `health.cooldown` = (set): unknown field; expected one of `failure_threshold`, `cooldown_ms`, `unreachable_threshold`"),
             ),
             (
                 r#"{"hosts": ["#.to_string(),

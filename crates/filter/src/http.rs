@@ -505,37 +505,47 @@ impl Http {
                     .metrics
                     .inc(self.st.metrics.health_retried_failures, 1);
                 let why = format!(
-                    "a try Envoy retried elsewhere ({attempts} tries, served by {})",
+                    "a try Envoy retried elsewhere, {attempts} tries, served by {}",
                     served.as_deref().unwrap_or("none")
                 );
-                self.health_outcome(c, false, &why);
+                self.health_outcome(c, health::Outcome::Unreachable, &why);
             }
         }
         if !final_outcome {
             return;
         }
-        if let Some((s, ok)) = v.served {
+        if let Some((s, outcome)) = v.served {
             let why = format!("last: {code}, response flags {flags:#x}");
-            self.health_outcome(s, ok, &why);
+            self.health_outcome(s, outcome, &why);
         }
     }
 
     /// Record one host's outcome; eject it (and forget its prefix-index
     /// entries) when that makes `failure_threshold` consecutive failures.
-    fn health_outcome(&mut self, addr: &str, ok: bool, why: &str) {
+    fn health_outcome(&mut self, addr: &str, outcome: health::Outcome, why: &str) {
         let cfg = self.st.router.config();
         let Some(idx) = cfg.host_index(addr) else {
             return;
         };
         let Some(now) = self.now() else { return };
-        match health::record(&SharedData, addr, ok, now, &cfg.health) {
+        match health::record(&SharedData, addr, outcome, now, &cfg.health) {
             Ok(true) => {
                 self.st.metrics.inc(self.st.metrics.ejections, 1);
+                let after = if outcome == health::Outcome::Unreachable
+                    && cfg.health.unreachable_threshold > 0
+                {
+                    format!(
+                        "{} consecutive failed tries or {} it did not take",
+                        cfg.health.failure_threshold, cfg.health.unreachable_threshold
+                    )
+                } else {
+                    format!("{} consecutive failed tries", cfg.health.failure_threshold)
+                };
                 host::log(
                     LogLevel::Warn,
                     &format!(
-                        "prefix-router: ejecting {addr} for {} ms after {} consecutive failed responses ({why})",
-                        cfg.health.cooldown_ms, cfg.health.failure_threshold
+                        "prefix-router: ejecting {addr} for {} ms after {after} (last: {why})",
+                        cfg.health.cooldown_ms
                     ),
                 );
                 // Whatever it held is presumed gone (a crash or restart):
