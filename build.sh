@@ -6,12 +6,16 @@
 #   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
 #   ./build.sh native     build the backend simulator and the lab: target/native/
 #   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
-#                         validation loads it and runs the filter's on_configure)
+#                         validation loads it and runs the filter's on_configure), then
+#                         tools/check-buffer-limits.py (max_body_bytes vs Envoy's buffer limits)
 #   ./build.sh peers      a Python venv at .venv-peers with sglang-router==0.3.2 (SGLang's model
 #                         gateway, for the demo's --sglang columns and the e2e test that runs it)
 #   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
 #   ./build.sh test       setup, peers, fmt, clippy (native + wasm32), unit tests, core tests on
 #                         wasm32 under node's WASI, wasm build, validate, native build, end-to-end
+#   ./build.sh fuzz       nightly + cargo-fuzz (installed if missing), then each fuzz/ target for
+#                         FUZZ_SECONDS (60) from its committed seeds (fuzz/seeds/<target>); prints
+#                         libFuzzer's run counts; not part of `test`
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
 set -euo pipefail
@@ -96,6 +100,9 @@ cmd_validate() {
             die "Envoy rejected $cfg"
         fi
     done
+    step "validate: buffer limits against the filter's max_body_bytes (tools/check-buffer-limits.py)"
+    python3 "$ROOT/tools/check-buffer-limits.py" envoy/*.yaml \
+        || die "a request buffer limit in envoy/ does not hold max_body_bytes plus one read"
 }
 
 cmd_demo() {
@@ -136,22 +143,46 @@ cmd_test() {
     cmd_validate
     cmd_native
 
-    step "test: test-only filter for the FAIL_OPEN test (crates/testbed)"
+    step "test: test-only filters: crates/testbed (FAIL_OPEN test), prefix-router with feature test-trap (FAIL_RELOAD test; its own target dir)"
     cargo build --release --target wasm32-wasip1 -p prefix-router-testbed
+    cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap \
+        --target-dir "$ROOT/target/test-trap"
 
     step "test: end-to-end (Envoy + prefix_router.wasm + backend simulators on loopback)"
     ENVOY_BIN="$(envoy_bin)" \
     PREFIX_ROUTER_BACKEND="$NATIVE/prefix-router-backend" \
     PREFIX_ROUTER_WASM="$WASM" \
     PREFIX_ROUTER_TESTBED_WASM="$ROOT/target/wasm32-wasip1/release/testbed_filter.wasm" \
+    PREFIX_ROUTER_TRAP_WASM="$ROOT/target/test-trap/wasm32-wasip1/release/prefix_router.wasm" \
     SGLANG_ROUTER_PYTHON="$PEERS_VENV/bin/python" \
         cargo test -p prefix-router-lab --test e2e -- --ignored --test-threads=1
 
     step "test: all passed in $((SECONDS - start)) s"
 }
 
+cmd_fuzz() {
+    local secs="${FUZZ_SECONDS:-60}" t log
+    step "fuzz: nightly toolchain and cargo-fuzz"
+    rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
+    command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
+    mkdir -p "$ROOT/fuzz/logs"
+    for t in route config load_reports gossip; do
+        step "fuzz: $t for ${secs} s (corpus fuzz/corpus/$t, seeds fuzz/seeds/$t)"
+        mkdir -p "$ROOT/fuzz/corpus/$t"
+        log="$ROOT/fuzz/logs/$t.log"
+        # The first directory is the corpus libFuzzer grows; the seeds are read only.
+        if ! (cd "$ROOT/fuzz" && cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- \
+                -max_total_time="$secs" -print_final_stats=1) >"$log" 2>&1; then
+            tail -n 40 "$log" >&2
+            die "fuzz target $t failed (crash input under fuzz/artifacts/$t; log $log)"
+        fi
+        grep -E '^(Done [0-9]+ runs|stat::number_of_executed_units|stat::peak_rss_mb)' "$log" || tail -n 5 "$log"
+    done
+    step "fuzz: every target ran ${secs} s without a crash"
+}
+
 usage() {
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
@@ -162,6 +193,7 @@ case "${1:-}" in
     validate) cmd_validate ;;
     demo) shift; cmd_demo "$@" ;;
     test) cmd_test ;;
+    fuzz) cmd_fuzz ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
 esac

@@ -71,6 +71,8 @@ pub struct EnvoyOptions {
     /// `ip:port` of the peer Envoys (cluster `prefix_router_peers`, for index gossip);
     /// empty: the template's.
     pub peers: Vec<String>,
+    /// The wasm filter's `failure_policy` (e.g. `FAIL_RELOAD`); `None`: the template's.
+    pub failure_policy: Option<String>,
 }
 
 impl Default for EnvoyOptions {
@@ -84,6 +86,7 @@ impl Default for EnvoyOptions {
             wasm: None,
             listener_port: None,
             peers: Vec::new(),
+            failure_policy: None,
         }
     }
 }
@@ -91,6 +94,7 @@ impl Default for EnvoyOptions {
 const TAG_ADMIN_PORT: &str = "# lab:admin-port";
 const TAG_LISTENER_PORT: &str = "# lab:listener-port";
 const TAG_WASM_PATH: &str = "# lab:wasm-path";
+const TAG_FAILURE_POLICY: &str = "# lab:failure-policy";
 const TAG_ENDPOINTS: &str = "endpoints";
 const TAG_FILTER: &str = "filter-config";
 const TAG_PEERS: &str = "peers";
@@ -107,6 +111,9 @@ pub struct RenderParams<'a> {
     pub filter_json: Option<&'a str>,
     /// `ip:port` of each peer Envoy (the `lab:peers` region, if any; empty: unchanged).
     pub peers: &'a [String],
+    /// The wasm filter's failure policy (the line tagged `lab:failure-policy`; `None`:
+    /// unchanged).
+    pub failure_policy: Option<&'a str>,
 }
 
 fn indent_of(line: &str) -> usize {
@@ -177,6 +184,20 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
                 wasm.display()
             );
         }
+    }
+
+    if let Some(policy) = p.failure_policy {
+        let line = lines
+            .iter_mut()
+            .find(|l| l.contains(TAG_FAILURE_POLICY))
+            .ok_or_else(|| LabError("template has no lab:failure-policy line".to_string()))?;
+        let start = line
+            .find("failure_policy:")
+            .ok_or_else(|| LabError(format!("failure-policy line has no key: {line}")))?;
+        *line = format!(
+            "{}failure_policy: {policy} {TAG_FAILURE_POLICY}",
+            &line[..start]
+        );
     }
 
     let (eb, ee) = region(&lines, TAG_ENDPOINTS)
@@ -337,6 +358,7 @@ impl Envoy {
                 wasm_path: wasm.as_deref(),
                 filter_json: filter_json.as_deref(),
                 peers: &opts.peers,
+                failure_policy: opts.failure_policy.as_deref(),
             },
         )?;
         let config_path = dir.join(format!("envoy-{}-{}.yaml", opts.mode.label(), ports[1]));
@@ -446,6 +468,29 @@ impl Envoy {
         self.child.log_path()
     }
 
+    /// Envoy's process id (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.pid()
+    }
+
+    /// Stops (`SIGSTOP`) or resumes (`SIGCONT`) the Envoy process: a stand-in for a worker
+    /// too busy to read its sockets for a while.
+    pub fn pause(&self, stop: bool) -> Result<()> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| LabError("Envoy is not running".to_string()))?;
+        let sig = if stop { "-STOP" } else { "-CONT" };
+        let st = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()?;
+        if st.success() {
+            Ok(())
+        } else {
+            Err(LabError(format!("kill {sig} {pid}: {st}")))
+        }
+    }
+
     /// `Some(status)` if Envoy has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait()
@@ -495,10 +540,12 @@ mod tests {
                 wasm_path: Some(Path::new("/abs/prefix_router.wasm")),
                 filter_json: Some(json),
                 peers: &["127.0.0.1:32001".to_string()],
+                failure_policy: Some("FAIL_RELOAD"),
             },
         )
         .unwrap_or_default();
         assert!(out.contains("{address: 127.0.0.1, port_value: 32001}"));
+        assert!(out.contains("failure_policy: FAIL_RELOAD # lab:failure-policy"));
         assert!(!out.contains("port_value: 10001"));
         assert!(out.contains("port_value: 30001 # lab:admin-port"));
         assert!(out.contains("port_value: 30002 # lab:listener-port"));

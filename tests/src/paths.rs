@@ -101,6 +101,17 @@ pub fn filter_wasm() -> Result<PathBuf> {
     )
 }
 
+/// The filter built with feature `test-trap` (traps on `x-prefix-router-test-trap`):
+/// `$PREFIX_ROUTER_TRAP_WASM`, else `<target>/test-trap/wasm32-wasip1/release/prefix_router.wasm`.
+pub fn trap_wasm() -> Result<PathBuf> {
+    first_existing(
+        "PREFIX_ROUTER_TRAP_WASM",
+        vec![target_dir().join("test-trap/wasm32-wasip1/release/prefix_router.wasm")],
+        "prefix-router filter built with feature test-trap (.wasm)",
+        "run `cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap --target-dir target/test-trap` (./build.sh test does)",
+    )
+}
+
 /// The test-only filter of crates/testbed: `$PREFIX_ROUTER_TESTBED_WASM`, else
 /// `<target>/wasm32-wasip1/release/testbed_filter.wasm`.
 pub fn testbed_wasm() -> Result<PathBuf> {

@@ -439,6 +439,8 @@ pub struct RequestRecord {
     /// Time to the first SSE `data:` chunk.
     pub ttft: Option<Duration>,
     pub latency: Duration,
+    /// When the request was sent (`send_streaming`).
+    pub started: Option<Instant>,
     /// The assistant text returned.
     pub reply: String,
     pub error: Option<String>,
@@ -514,6 +516,7 @@ pub fn send_streaming(
     rec: &mut RequestRecord,
 ) {
     let start = Instant::now();
+    rec.started = Some(start);
     let mut req = agent
         .post(url)
         .header("content-type", "application/json")

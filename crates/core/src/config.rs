@@ -5,19 +5,21 @@
 //! 2. [`Config`]: the validated, immutable form the router runs on, built by
 //!    [`Config::from_json`] / [`RawConfig::compile`]. Every error is a
 //!    [`ConfigError`] naming the field, the value and the reason, e.g.
-//!    ``field `capacity_factor` = 0.5: must be >= 1``.
+//!    ``field `capacity_factor` = 0.5: must be >= 1``; JSON type errors too
+//!    (``field `vnodes` = -5: must be an integer 0..=4294967295``: the field's
+//!    path comes from `serde_path_to_error`).
 //!
 //! | field | default | meaning |
 //! |---|---|---|
-//! | `hosts` | required | replicas: `address` (`ip:port` as Envoy knows the endpoint), `name` (stable ring identity, default = address), `weight` (default 1) |
+//! | `hosts` | required | replicas: `address` (`ip:port` as Envoy knows the endpoint; port 1..=65535; each endpoint once, however written: `127.0.0.1:80` and `[::ffff:127.0.0.1]:80` are one), `name` (stable ring identity, default = address; names must differ in their letters or digits, which name the per-host metrics), `weight` (default 1) |
 //! | `capacity_factor` | 1.25 | bounded-load factor c: no host above `ceil(c * (total + 1) * w / W)` |
 //! | `min_capacity` | 8 | capacity floor per unit weight: a host is never full below this many requests |
 //! | `vnodes` | 100 | ring points per unit of weight |
 //! | `chunk_bytes` | 64 | chunk size of the chained prefix hash (a 16-token KV block at ~4 bytes/token) |
-//! | `max_body_bytes` | 1048576 | larger bodies are not buffered: fallback `body_too_large` |
+//! | `max_body_bytes` | 1048576 | larger bodies are not buffered: fallback `body_too_large`. At most 8 MiB ([`MAX_BODY_BYTES`]: a worker VM's memory never shrinks). Envoy's request buffer limit must hold this plus one socket read (the listener's `per_connection_buffer_limit_bytes`), or uploads just over it get 413: the filter cannot read Envoy's limits, `./build.sh validate` checks the committed configs |
 //! | `paths` | the four APIs | handled request paths; the API is recognized by the path's ending |
-//! | `destination_header` | `x-gateway-destination-endpoint` | header read by Envoy's override_host LB policy |
-//! | `decision_header` | none | response header exposing the decision (debugging) |
+//! | `destination_header` | `x-gateway-destination-endpoint` | header read by Envoy's override_host LB policy; not a pseudo, hop-by-hop (`connection`, `te`, `upgrade`, `keep-alive`, `proxy-*`), framing (`content-length`, `transfer-encoding`), `host`, `content-type`/`-encoding`, `x-envoy-*` or ORCA header, nor `key.session_header` |
+//! | `decision_header` | none | response header exposing the decision (debugging); the same names refused as for `destination_header` |
 //! | `key.mode` | `conversation` | `conversation`: key = prefix through the first user message; `prefix`: key = first `prefix_bytes` bytes |
 //! | `key.prefix_bytes` | 4096 | key length in `prefix` mode, and for `/v1/completions` in either mode |
 //! | `key.session_header` | none | request header whose value, when present, is the key |
@@ -29,7 +31,8 @@
 //! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
 //! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
 //! | `load.report_fade_ms` | 2000 | a report's waiting count weighs `1 - age / report_fade_ms` (rounded up to whole requests; the running count holds until `report_ttl_ms`), so a busy queue fades as its requests are admitted instead of pricing a replica out, and marking it hot, for the whole TTL while it sends no fresh report; 0 = full weight until `report_ttl_ms` ([`crate::load::Freshness`]) |
-//! | `health.failure_threshold` | 5 | consecutive failed responses (connect failure, reset, 5xx) that eject a host; 0 = off |
+//! | `health.failure_threshold` | 5 | consecutive failed tries (connect failure, reset, 5xx, a stream cut short, a try Envoy retried on another host: [`crate::health::verdicts`]) that eject a host; 0 = off |
+//! | `health.unreachable_threshold` | 2 | consecutive tries whose connection failed or was lost (refused, closed mid-response, or retried elsewhere by a retry policy that, like `envoy/envoy.yaml`'s, retries only tries the host got nothing of) that eject it sooner: a killed replica is down, not busy; 0 = off (they count as ordinary failures) |
 //! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
 //! | `cost.mode` | `spill` | the routing rule. `spill`: the priced spill ([`crate::spill`]): the group owner, then the key's ring walk; the first candidate keeps a request unless the wait saved (replica-reported queues x `service_s`) pays re-prefilling the prompt there and the delay that adds to the requests queued there; no per-proxy state, so every proxy decides alike. `index`: the index rule ([`crate::cost`]): estimated TTFT over the owner and its successors under the bound, with this proxy's learned prefix index (and `gossip`). `off`: plain bounded loads |
 //! | `cost.candidates` | 6 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
@@ -52,8 +55,8 @@
 //! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
 //! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: index`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). With `name` (none: off; this Envoy's own address as its peers list it in their `peers`) every batch also carries this Envoy's pending prefill tokens per replica, sent when they change or every five intervals even with no observation, and each peer adds to its own pending tokens, per replica, the larger of the report's others and what its listed peers sent within the last `max(10 x interval_ms, 1000)` ms (load gossip: [`crate::gossip::Loads`]). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: index`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
+//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: index`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64, each once; not `name`) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`; a path alone, not one of `paths`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). With `name` (none: off; this Envoy's own address as its peers list it in their `peers`) every batch also carries this Envoy's pending prefill tokens per replica, sent when they change or every five intervals even with no observation, and each peer adds to its own pending tokens, per replica, the larger of the report's others and what its listed peers sent within the last `max(10 x interval_ms, 1000)` ms (load gossip: [`crate::gossip::Loads`]). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
+//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required; the filter cannot list Envoy's clusters at configure time, so a cluster Envoy does not have shows at the first scrape: Envoy refuses the call, the filter logs an error naming `scrape.cluster` and counts `prefix_router.scrape.unknown_cluster`), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: index`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
 
 use serde::Deserialize;
 use std::fmt;
@@ -196,6 +199,8 @@ pub struct RawHealth {
     pub failure_threshold: u32,
     #[serde(default = "d_cooldown")]
     pub cooldown_ms: u64,
+    #[serde(default = "d_unreachable")]
+    pub unreachable_threshold: u32,
 }
 
 impl Default for RawHealth {
@@ -203,8 +208,13 @@ impl Default for RawHealth {
         RawHealth {
             failure_threshold: d_failures(),
             cooldown_ms: d_cooldown(),
+            unreachable_threshold: d_unreachable(),
         }
     }
+}
+
+fn d_unreachable() -> u32 {
+    2
 }
 
 /// Cost-rule settings (see [`crate::cost`] and [`crate::index`]).
@@ -669,7 +679,23 @@ pub struct GossipConfig {
 /// Most gossip peers.
 pub const MAX_GOSSIP_PEERS: usize = 64;
 
-fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, ConfigError> {
+/// A peer's `host:port` as one key for every way of writing it: an IP
+/// endpoint as [`endpoint`] sees it, a name in lower case, the port as a
+/// number; `None` if it is not `host:port` with a port 1..=65535.
+fn peer_key(p: &str) -> Option<String> {
+    if let Ok(a) = p.parse::<SocketAddr>() {
+        return (a.port() > 0).then(|| endpoint(&a).to_string());
+    }
+    let (h, port) = p.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|x| *x > 0)?;
+    (!h.is_empty()).then(|| format!("{}:{port}", h.to_ascii_lowercase()))
+}
+
+fn compile_gossip(
+    g: &RawGossip,
+    cost: &CostConfig,
+    paths: &[(String, Api)],
+) -> Result<GossipConfig, ConfigError> {
     if !cost.enabled {
         return Err(err(
             "gossip",
@@ -684,17 +710,26 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
             format!("at most {MAX_GOSSIP_PEERS} peers"),
         ));
     }
+    let mut keys: Vec<String> = Vec::with_capacity(g.peers.len());
     for (i, p) in g.peers.iter().enumerate() {
-        let ok = p
-            .rsplit_once(':')
-            .is_some_and(|(h, port)| !h.is_empty() && port.parse::<u16>().is_ok_and(|x| x > 0));
-        if !ok {
+        let Some(k) = peer_key(p) else {
             return Err(err(
                 format!("gossip.peers[{i}]"),
                 format!("{p:?}"),
-                "must be host:port",
+                "must be host:port (port 1..=65535)",
+            ));
+        };
+        if let Some(j) = keys.iter().position(|o| *o == k) {
+            return Err(err(
+                format!("gossip.peers[{i}]"),
+                format!("{p:?}"),
+                format!(
+                    "the same peer as gossip.peers[{j}] {:?}: it would get every batch twice",
+                    g.peers.get(j).map_or("", String::as_str)
+                ),
             ));
         }
+        keys.push(k);
     }
     if !g.peers.is_empty() && g.cluster.is_empty() {
         return Err(err(
@@ -708,6 +743,23 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
             "gossip.path",
             format!("{:?}", g.path),
             "must start with '/'",
+        ));
+    }
+    if g.path.contains(['?', '#']) {
+        return Err(err(
+            "gossip.path",
+            format!("{:?}", g.path),
+            "must be a path alone, without '?' or '#' (requests are matched on their path)",
+        ));
+    }
+    let trimmed = g.path.trim_end_matches('/');
+    if let Some(i) = paths.iter().position(|(p, _)| p == trimmed) {
+        return Err(err(
+            "gossip.path",
+            format!("{:?}", g.path),
+            format!(
+                "is the routed API path paths[{i}]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"
+            ),
         ));
     }
     if !(10..=60_000).contains(&g.interval_ms) {
@@ -733,6 +785,13 @@ fn compile_gossip(g: &RawGossip, cost: &CostConfig) -> Result<GossipConfig, Conf
                 "gossip.name",
                 format!("{n:?}"),
                 "must be 1-255 bytes without control characters: this Envoy's address as its peers list it in gossip.peers",
+            ));
+        }
+        if let Some(j) = peer_key(n).and_then(|k| keys.iter().position(|o| *o == k)) {
+            return Err(err(
+                "gossip.name",
+                format!("{n:?}"),
+                format!("is gossip.peers[{j}]: this Envoy would send its batches to itself"),
             ));
         }
     }
@@ -976,7 +1035,79 @@ pub struct Config {
 pub const MAX_HOSTS: usize = 4096;
 pub const MAX_VNODES: u32 = 10_000;
 pub const MAX_RING_POINTS: u64 = 2_000_000;
-pub const MAX_BODY_BYTES: u64 = 64 << 20;
+/// Most `max_body_bytes` (8 MiB). The VM copies a buffered body into its
+/// linear memory, which never shrinks: a worker VM keeps the footprint of
+/// the largest body it ever read (the copy plus extraction's working set) for
+/// the rest of its life, one VM per worker. At the 1 MiB default a worker VM
+/// stays within 4 MiB (README "Memory, measured"); 64 MiB (the bound before)
+/// let one 12.9 MB body ask for a 512 MiB allocation and kill the VM
+/// (issue 21). Measured in Envoy 1.40 (one worker): an 8 MiB plain prompt
+/// grows the VM to 17 MB. The worst case is extraction's: with the tree
+/// extractor an 8 MiB body of 2.7 M empty `{}` messages grew it to 542 MB
+/// in 3.3 s (it survived); the cap assumes the streaming extractor (issue
+/// 21, memory bounded by a small multiple of the body). Prompts that large
+/// are rare (8 MiB is ~2 M tokens, beyond any served context window);
+/// larger bodies still pass as fallbacks.
+pub const MAX_BODY_BYTES: u64 = 8 << 20;
+
+/// Why a header name cannot be the one the filter sets on requests
+/// (`destination_header`) or adds to responses (`decision_header`), if it
+/// cannot: pseudo-headers, the authority, message framing, hop-by-hop
+/// headers, the body's media type and encoding, and Envoy's own headers.
+fn reserved_header(name: &str) -> Option<&'static str> {
+    let n = name.to_ascii_lowercase();
+    if n.starts_with(':') {
+        return Some("a pseudo-header");
+    }
+    match n.as_str() {
+        "host" => Some("the request's authority (Host, :authority in HTTP/2)"),
+        "content-length" | "transfer-encoding" => Some("message framing"),
+        "connection" | "keep-alive" | "te" | "trailer" | "upgrade" => {
+            Some("a hop-by-hop header, which proxies consume or drop")
+        }
+        "content-type" | "content-encoding" => {
+            Some("the body's media type or encoding, which the filter and the replica read")
+        }
+        _ if n.starts_with("proxy-") => Some("a hop-by-hop header (proxy-*)"),
+        _ if n.starts_with("x-envoy-") => Some("one of Envoy's own headers (x-envoy-*)"),
+        _ => None,
+    }
+}
+
+/// A header the filter writes: a valid name, not [`reserved_header`];
+/// `does` says what the filter does with it, `example` is a good name.
+fn own_header(field: &str, v: &str, does: &str, example: &str) -> Result<String, ConfigError> {
+    if let Some(what) = reserved_header(v) {
+        return Err(err(
+            field,
+            format!("{v:?}"),
+            format!("names {what}; the filter {does}: use a header of its own (e.g. {example})"),
+        ));
+    }
+    header_name(field, v)
+}
+
+/// The endpoint an address names, for finding one written twice: an
+/// IPv4-mapped IPv6 address (`[::ffff:127.0.0.1]:80`) is the IPv4 endpoint
+/// (`127.0.0.1:80`); case and zero padding are gone once parsed.
+fn endpoint(a: &SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(std::net::IpAddr::V4(v4), v6.port()),
+            None => SocketAddr::new(std::net::IpAddr::V6(*v6.ip()), v6.port()),
+        },
+        v4 => *v4,
+    }
+}
+
+/// A host's name as it appears in metric names
+/// (`prefix_router.host.<name>.routed`): ASCII letters and digits kept,
+/// anything else `_`.
+pub fn metric_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
+}
 
 fn header_name(field: &str, v: &str) -> Result<String, ConfigError> {
     let ok = !v.is_empty()
@@ -991,18 +1122,143 @@ fn header_name(field: &str, v: &str) -> Result<String, ConfigError> {
 impl Config {
     /// Parse and validate filter JSON.
     pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
-        let raw: RawConfig = serde_json::from_slice(bytes).map_err(|e| {
-            let msg = e.to_string();
-            // serde names the field in its message ("unknown field `x`",
-            // "missing field `hosts`", "invalid type ... at line"): keep it.
-            let field = msg
-                .split('`')
-                .nth(1)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "<json>".into());
-            err(field, "(see message)", msg)
+        let mut de = serde_json::Deserializer::from_slice(bytes);
+        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
+        de.end().map_err(|e| {
+            err(
+                "<json>",
+                "(text after the object)",
+                format!("not one JSON object: {e}"),
+            )
         })?;
         raw.compile()
+    }
+}
+
+/// A JSON or type error as a [`ConfigError`] naming the field's path (e.g.
+/// `hosts[0].weight`, not the offending value as serde's message would
+/// suggest), the value as written and what was expected.
+fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
+    let path = path_text(e.path());
+    let inner = e.into_inner();
+    let at = format!(" at line {} column {}", inner.line(), inner.column());
+    let full = inner.to_string();
+    let msg = full.strip_suffix(&at).unwrap_or(&full);
+    // The path names the field itself, except for a missing or duplicate
+    // field, where it names the object holding it (`.` = the top level).
+    let field = |member: Option<&str>| -> String {
+        match (path.as_str(), member) {
+            (".", Some(n)) => n.to_string(),
+            (".", None) => "<config>".to_string(),
+            (p, Some(n)) => format!("{p}.{n}"),
+            (p, None) => p.to_string(),
+        }
+    };
+    // The first `name` in backticks.
+    let ticked = |m: &str| m.split('`').nth(1).map(str::to_string);
+    if !matches!(inner.classify(), serde_json::error::Category::Data) {
+        return err(field(None), "(not JSON)", format!("{msg}{at}"));
+    }
+    if let Some(rest) = msg.strip_prefix("unknown field ") {
+        // The path ends with the unknown key itself.
+        let allowed = rest.rsplit_once("`, expected ").map_or("", |(_, a)| a);
+        return err(
+            field(None),
+            "(set)",
+            format!("unknown field; expected {allowed}"),
+        );
+    }
+    if let Some(rest) = msg.strip_prefix("missing field ") {
+        return err(field(ticked(rest).as_deref()), "(missing)", "required");
+    }
+    if let Some(rest) = msg.strip_prefix("duplicate field ") {
+        return err(
+            field(ticked(rest).as_deref()),
+            "(given twice)",
+            "set at most once",
+        );
+    }
+    let typed = msg
+        .strip_prefix("invalid type: ")
+        .or_else(|| msg.strip_prefix("invalid value: "))
+        .and_then(|r| r.rsplit_once(", expected "));
+    if let Some((unexpected, expected)) = typed {
+        return err(
+            field(None),
+            written_value(unexpected),
+            format!("must be {}", expected_kind(expected)),
+        );
+    }
+    if let Some((_, expected)) = msg
+        .strip_prefix("invalid length ")
+        .and_then(|r| r.split_once(", expected "))
+    {
+        return err(
+            field(None),
+            "[...]",
+            format!("must be {}", expected_kind(expected)),
+        );
+    }
+    err(field(None), "(see reason)", msg.to_string())
+}
+
+/// A JSON path as the config's fields are named (`hosts[0].weight`; `.` for
+/// the top level). A key that is not a plain name is quoted (`cost."a b"`,
+/// `""`), so every path names a field, whatever the JSON's keys.
+fn path_text(p: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::new();
+    for seg in p.iter() {
+        match seg {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                let plain =
+                    !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+                if plain {
+                    out.push_str(key);
+                } else {
+                    out.push_str(&format!("{key:?}"));
+                }
+            }
+            Segment::Unknown => out.push_str(".?"),
+        }
+    }
+    if out.is_empty() {
+        ".".to_string()
+    } else {
+        out
+    }
+}
+
+/// serde's description of a JSON value (`integer `-5``, `string "x"`,
+/// `map`) as the value was written (`-5`, `"x"`, `{...}`).
+fn written_value(unexpected: &str) -> String {
+    if let Some(v) = unexpected.split('`').nth(1) {
+        return v.to_string();
+    }
+    if let Some(v) = unexpected.strip_prefix("string ") {
+        return v.to_string();
+    }
+    match unexpected {
+        "map" => "{...}".to_string(),
+        "sequence" => "[...]".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// serde's name of an expected type in words.
+fn expected_kind(expected: &str) -> String {
+    match expected {
+        "u16" => "an integer 0..=65535".to_string(),
+        "u32" => "an integer 0..=4294967295".to_string(),
+        "u64" => "an integer 0..=18446744073709551615".to_string(),
+        "f64" => "a number".to_string(),
+        "a sequence" => "an array".to_string(),
+        e if e.starts_with("struct ") => "an object".to_string(),
+        e => e.to_string(),
     }
 }
 
@@ -1020,15 +1276,42 @@ impl RawConfig {
             ));
         }
         let mut hosts = Vec::with_capacity(self.hosts.len());
+        let mut endpoints: Vec<SocketAddr> = Vec::with_capacity(self.hosts.len());
         for (i, h) in self.hosts.iter().enumerate() {
             let f = |s: &str| format!("hosts[{i}].{s}");
             let addr: SocketAddr = h.address.parse().map_err(|_| {
                 err(
                     f("address"),
                     format!("{:?}", h.address),
-                    "must be ip:port as Envoy knows the endpoint (e.g. 10.0.0.5:8000 or [::1]:8000)",
+                    "must be ip:port as Envoy knows the endpoint (e.g. 10.0.0.5:8000 or [::1]:8000; IPv4 without leading zeros)",
                 )
             })?;
+            if addr.port() == 0 {
+                return Err(err(
+                    f("address"),
+                    format!("{:?}", h.address),
+                    "port 0 is no replica's port",
+                ));
+            }
+            if addr.ip().is_unspecified() {
+                return Err(err(
+                    f("address"),
+                    format!("{:?}", h.address),
+                    "an unspecified address (0.0.0.0, ::) is no replica's address",
+                ));
+            }
+            let ep = endpoint(&addr);
+            if let Some(j) = endpoints.iter().position(|e| *e == ep) {
+                return Err(err(
+                    f("address"),
+                    format!("{:?}", h.address),
+                    format!(
+                        "the same endpoint as hosts[{j}].address {:?}",
+                        self.hosts.get(j).map_or("", |o| o.address.as_str())
+                    ),
+                ));
+            }
+            endpoints.push(ep);
             let address = addr.to_string();
             let name = h.name.clone().unwrap_or_else(|| address.clone());
             if name.is_empty() {
@@ -1038,15 +1321,21 @@ impl RawConfig {
             if !(weight.is_finite() && weight > 0.0 && weight <= 1000.0) {
                 return Err(err(f("weight"), weight, "must be > 0 and <= 1000"));
             }
-            if hosts.iter().any(|o: &Host| o.address == address) {
-                return Err(err(
-                    f("address"),
-                    format!("{address:?}"),
-                    "duplicate address",
-                ));
-            }
             if hosts.iter().any(|o: &Host| o.name == name) {
                 return Err(err(f("name"), format!("{name:?}"), "duplicate name"));
+            }
+            let metric = metric_name(&name);
+            if let Some(j) = hosts
+                .iter()
+                .position(|o: &Host| metric_name(&o.name) == metric)
+            {
+                return Err(err(
+                    f("name"),
+                    format!("{name:?}"),
+                    format!(
+                        "gives the metric prefix_router.host.{metric}.routed, as hosts[{j}] does: names must differ in their letters or digits"
+                    ),
+                ));
             }
             hosts.push(Host {
                 address,
@@ -1097,7 +1386,9 @@ impl RawConfig {
             return Err(err(
                 "max_body_bytes",
                 self.max_body_bytes,
-                format!("must be 1..={MAX_BODY_BYTES}"),
+                format!(
+                    "must be 1..={MAX_BODY_BYTES} (8 MiB): a worker VM's memory never shrinks, so each would keep the largest body's copy for good; larger bodies pass as fallbacks"
+                ),
             ));
         }
         if self.paths.is_empty() {
@@ -1121,9 +1412,29 @@ impl RawConfig {
             })?;
             paths.push((p.trim_end_matches('/').to_string(), api));
         }
-        let destination_header = header_name("destination_header", &self.destination_header)?;
+        let destination_header = own_header(
+            "destination_header",
+            &self.destination_header,
+            "removes it from every request and sets it on the requests it routes",
+            "x-gateway-destination-endpoint",
+        )?;
+        if matches!(
+            destination_header.as_str(),
+            "endpoint-load-metrics-format" | "endpoint-load-metrics"
+        ) {
+            return Err(err(
+                "destination_header",
+                format!("{:?}", self.destination_header),
+                "names an ORCA load-report header, which the filter sets and reads itself",
+            ));
+        }
         let decision_header = match &self.decision_header {
-            Some(h) => Some(header_name("decision_header", h)?),
+            Some(h) => Some(own_header(
+                "decision_header",
+                h,
+                "adds it to every response it decided",
+                "x-prefix-router-decision",
+            )?),
             None => None,
         };
         let mode = one_of(
@@ -1145,6 +1456,13 @@ impl RawConfig {
             Some(h) => Some(header_name("key.session_header", h)?),
             None => None,
         };
+        if session_header.as_deref() == Some(destination_header.as_str()) {
+            return Err(err(
+                "key.session_header",
+                format!("{:?}", self.key.session_header.as_deref().unwrap_or("")),
+                "is destination_header, which the filter removes from every request before it reads the session",
+            ));
+        }
         let orca_format = match self.load.orca_format.as_deref() {
             None => None,
             Some(s) if s.eq_ignore_ascii_case("text") => Some(OrcaFormat::Text),
@@ -1203,6 +1521,13 @@ impl RawConfig {
                 "must be 0 (off) ..= 1000",
             ));
         }
+        if self.health.unreachable_threshold > 1000 {
+            return Err(err(
+                "health.unreachable_threshold",
+                self.health.unreachable_threshold,
+                "must be 0 (off) ..= 1000",
+            ));
+        }
         if self.health.cooldown_ms == 0 || self.health.cooldown_ms > 3_600_000 {
             return Err(err(
                 "health.cooldown_ms",
@@ -1217,7 +1542,7 @@ impl RawConfig {
         let cost = compile_cost(&self.cost, self.chunk_bytes)?;
         let gossip = match &self.gossip {
             None => None,
-            Some(g) => Some(compile_gossip(g, &cost)?),
+            Some(g) => Some(compile_gossip(g, &cost, &paths)?),
         };
         Ok(Config {
             hosts,
@@ -1247,6 +1572,7 @@ impl RawConfig {
             health: crate::health::HealthConfig {
                 failure_threshold: self.health.failure_threshold,
                 cooldown_ms: self.health.cooldown_ms,
+                unreachable_threshold: self.health.unreachable_threshold,
             },
             scrape,
             cost,
@@ -1527,7 +1853,7 @@ mod tests {
         assert_eq!(e.field, "bogus");
         assert!(e.reason.contains("unknown field"));
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1","port":3}]}"#);
-        assert_eq!(e.field, "port");
+        assert_eq!(e.field, "hosts[0].port");
         let e = bad(r#"{}"#);
         assert_eq!(e.field, "hosts");
         let e = bad(r#"{"hosts":[{"address":"localhost:80"}]}"#);
@@ -1558,6 +1884,9 @@ mod tests {
         assert_eq!(e.field, "vnodes");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"health":{"cooldown_ms":0}}"#);
         assert_eq!(e.field, "health.cooldown_ms");
+        let e =
+            bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"health":{"unreachable_threshold":1001}}"#);
+        assert_eq!(e.field, "health.unreachable_threshold");
         let e = bad(
             r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"tgi"}}"#,
         );
@@ -1567,7 +1896,7 @@ mod tests {
         );
         assert_eq!(e.field, "scrape.timeout_ms");
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"interval_ms":1000}}"#);
-        assert_eq!(e.field, "cluster");
+        assert_eq!(e.field, "scrape.cluster");
         let ok = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:1"}],"scrape":{"cluster":"llm","preset":"sglang"}}"#).unwrap();
         let sc = ok.scrape.unwrap();
         assert_eq!(sc.queue_metrics, vec!["sglang:num_queue_reqs".to_string()]);
@@ -1695,8 +2024,335 @@ mod tests {
             "must be \"a\", \"b\" or \"d\""
         );
         let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"candidate":2}}"#);
-        assert_eq!(e.field, "candidate");
+        assert_eq!(e.field, "cost.candidate");
         assert!(e.reason.contains("unknown field"), "{e}");
+    }
+
+    /// The full text of the error a config gives.
+    fn text(json: &str) -> String {
+        bad(json).to_string()
+    }
+
+    const H: &str = r#""hosts":[{"address":"127.0.0.1:8001"}]"#;
+
+    #[test]
+    fn type_errors_name_the_field_and_the_value() {
+        let p = "invalid prefix-router config: field";
+        for (json, want) in [
+            (
+                format!(r#"{{{H},"vnodes":-5}}"#),
+                format!("{p} `vnodes` = -5: must be an integer 0..=4294967295"),
+            ),
+            (
+                format!(r#"{{{H},"vnodes":"x"}}"#),
+                format!(r#"{p} `vnodes` = "x": must be an integer 0..=4294967295"#),
+            ),
+            (
+                format!(r#"{{{H},"vnodes":1.5}}"#),
+                format!("{p} `vnodes` = 1.5: must be an integer 0..=4294967295"),
+            ),
+            (
+                format!(r#"{{{H},"cost":{{"candidates":99999999999}}}}"#),
+                format!("{p} `cost.candidates` = 99999999999: must be an integer 0..=4294967295"),
+            ),
+            (
+                r#"{"hosts":[{"address":"127.0.0.1:1","weight":"2"}]}"#.to_string(),
+                format!(r#"{p} `hosts[0].weight` = "2": must be a number"#),
+            ),
+            (
+                r#"{"hosts":[{"address":5}]}"#.to_string(),
+                format!("{p} `hosts[0].address` = 5: must be a string"),
+            ),
+            (
+                format!(r#"{{{H},"key":{{"use_user_field":1}}}}"#),
+                format!("{p} `key.use_user_field` = 1: must be a boolean"),
+            ),
+            (
+                format!(r#"{{{H},"paths":{{}}}}"#),
+                format!("{p} `paths` = {{...}}: must be an array"),
+            ),
+            (
+                format!(r#"{{{H},"max_body_bytes":null}}"#),
+                format!("{p} `max_body_bytes` = null: must be an integer 0..=18446744073709551615"),
+            ),
+            (
+                r#""x""#.to_string(),
+                format!(r#"{p} `<config>` = "x": must be an object"#),
+            ),
+            (
+                format!(r#"{{{H},"scrape":{{"interval_ms":1000}}}}"#),
+                format!("{p} `scrape.cluster` = (missing): required"),
+            ),
+            (
+                "{}".to_string(),
+                format!("{p} `hosts` = (missing): required"),
+            ),
+            (
+                format!(r#"{{{H},"vnodes":1,"vnodes":2}}"#),
+                format!("{p} `vnodes` = (given twice): set at most once"),
+            ),
+            (
+                format!(r#"{{{H},"health":{{"cooldown":1}}}}"#),
+                format!("{p} `health.cooldown` = (set): unknown field; expected one of `failure_threshold`, `cooldown_ms`, `unreachable_threshold`"),
+            ),
+            (
+                r#"{"hosts": ["#.to_string(),
+                format!("{p} `hosts` = (not JSON): EOF while parsing a list at line 1 column 11"),
+            ),
+            (
+                format!(r#"{{{H}}} x"#),
+                format!("{p} `<json>` = (text after the object): not one JSON object: trailing characters at line 1 column 42"),
+            ),
+        ] {
+            assert_eq!(text(&json), want, "{json}");
+        }
+        // Keys that are not plain names are quoted, so the field is never
+        // empty (found by the config fuzz target).
+        for (json, field) in [
+            (r#"{"":1}"#.to_string(), r#""""#),
+            (r#"{"hosts":[{"":1}]}"#.to_string(), r#"hosts[0]."""#),
+            (format!(r#"{{{H},"cost":{{"x`y":1}}}}"#), r#"cost."x`y""#),
+            (format!(r#"{{{H},"a.b":1}}"#), r#""a.b""#),
+        ] {
+            assert_eq!(bad(&json).field, field, "{json}");
+        }
+        let e = bad(&format!(r#"{{{H},"bogus":1}}"#));
+        assert_eq!((e.field.as_str(), e.value.as_str()), ("bogus", "(set)"));
+        assert!(
+            e.reason
+                .starts_with("unknown field; expected one of `hosts`, "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn one_endpoint_written_twice_port_0_and_metric_names() {
+        let p = "invalid prefix-router config: field";
+        for (hosts, want) in [
+            (
+                r#"[{"address":"127.0.0.1:8000"},{"address":"[::ffff:127.0.0.1]:8000"}]"#,
+                format!(
+                    r#"{p} `hosts[1].address` = "[::ffff:127.0.0.1]:8000": the same endpoint as hosts[0].address "127.0.0.1:8000""#
+                ),
+            ),
+            (
+                r#"[{"address":"[::FFFF:7f00:1]:8000"},{"address":"127.0.0.1:08000"}]"#,
+                format!(
+                    r#"{p} `hosts[1].address` = "127.0.0.1:08000": the same endpoint as hosts[0].address "[::FFFF:7f00:1]:8000""#
+                ),
+            ),
+            (
+                r#"[{"address":"[fe80:0000::0001]:80"},{"address":"[FE80::1]:80"}]"#,
+                format!(
+                    r#"{p} `hosts[1].address` = "[FE80::1]:80": the same endpoint as hosts[0].address "[fe80:0000::0001]:80""#
+                ),
+            ),
+            (
+                r#"[{"address":"127.0.0.1:1"},{"address":"127.0.0.1:1"}]"#,
+                format!(
+                    r#"{p} `hosts[1].address` = "127.0.0.1:1": the same endpoint as hosts[0].address "127.0.0.1:1""#
+                ),
+            ),
+            (
+                r#"[{"address":"127.0.0.1:0"}]"#,
+                format!(r#"{p} `hosts[0].address` = "127.0.0.1:0": port 0 is no replica's port"#),
+            ),
+            (
+                r#"[{"address":"[::]:80"}]"#,
+                format!(
+                    r#"{p} `hosts[0].address` = "[::]:80": an unspecified address (0.0.0.0, ::) is no replica's address"#
+                ),
+            ),
+            (
+                r#"[{"address":"127.000.0.1:80"}]"#,
+                format!(
+                    r#"{p} `hosts[0].address` = "127.000.0.1:80": must be ip:port as Envoy knows the endpoint (e.g. 10.0.0.5:8000 or [::1]:8000; IPv4 without leading zeros)"#
+                ),
+            ),
+            (
+                r#"[{"address":"127.0.0.1:1","name":"r-1"},{"address":"127.0.0.1:2","name":"r_1"}]"#,
+                format!(
+                    r#"{p} `hosts[1].name` = "r_1": gives the metric prefix_router.host.r_1.routed, as hosts[0] does: names must differ in their letters or digits"#
+                ),
+            ),
+        ] {
+            assert_eq!(text(&format!(r#"{{"hosts":{hosts}}}"#)), want, "{hosts}");
+        }
+        // Distinct endpoints that look alike stay accepted, as written
+        // (canonical form: what Envoy prints for the endpoint).
+        let c = Config::from_json(
+            br#"{"hosts":[{"address":"127.0.0.1:8000"},{"address":"127.0.0.2:8000"},{"address":"[::1]:8000"},{"address":"[0000::0001]:8001"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.hosts[3].address, "[::1]:8001");
+    }
+
+    #[test]
+    fn headers_the_filter_writes_are_its_own() {
+        let p = "invalid prefix-router config: field";
+        let dest = "the filter removes it from every request and sets it on the requests it routes: use a header of its own (e.g. x-gateway-destination-endpoint)";
+        let dec = "the filter adds it to every response it decided: use a header of its own (e.g. x-prefix-router-decision)";
+        for (field, name, what) in [
+            (
+                "destination_header",
+                "host",
+                "the request's authority (Host, :authority in HTTP/2)",
+            ),
+            ("destination_header", ":authority", "a pseudo-header"),
+            ("destination_header", "Content-Length", "message framing"),
+            ("destination_header", "transfer-encoding", "message framing"),
+            (
+                "destination_header",
+                "connection",
+                "a hop-by-hop header, which proxies consume or drop",
+            ),
+            (
+                "destination_header",
+                "te",
+                "a hop-by-hop header, which proxies consume or drop",
+            ),
+            (
+                "destination_header",
+                "upgrade",
+                "a hop-by-hop header, which proxies consume or drop",
+            ),
+            (
+                "destination_header",
+                "keep-alive",
+                "a hop-by-hop header, which proxies consume or drop",
+            ),
+            (
+                "destination_header",
+                "proxy-authorization",
+                "a hop-by-hop header (proxy-*)",
+            ),
+            (
+                "destination_header",
+                "content-type",
+                "the body's media type or encoding, which the filter and the replica read",
+            ),
+            (
+                "destination_header",
+                "x-envoy-original-path",
+                "one of Envoy's own headers (x-envoy-*)",
+            ),
+            ("decision_header", "content-length", "message framing"),
+            ("decision_header", ":status", "a pseudo-header"),
+            ("decision_header", "Transfer-Encoding", "message framing"),
+            (
+                "decision_header",
+                "proxy-connection",
+                "a hop-by-hop header (proxy-*)",
+            ),
+        ] {
+            let does = if field == "destination_header" {
+                dest
+            } else {
+                dec
+            };
+            assert_eq!(
+                text(&format!(r#"{{{H},"{field}":"{name}"}}"#)),
+                format!(r#"{p} `{field}` = "{name}": names {what}; {does}"#)
+            );
+        }
+        assert_eq!(
+            text(&format!(
+                r#"{{{H},"destination_header":"endpoint-load-metrics-format"}}"#
+            )),
+            format!(
+                r#"{p} `destination_header` = "endpoint-load-metrics-format": names an ORCA load-report header, which the filter sets and reads itself"#
+            )
+        );
+        assert_eq!(
+            text(&format!(
+                r#"{{{H},"destination_header":"x-route","key":{{"session_header":"X-Route"}}}}"#
+            )),
+            format!(
+                r#"{p} `key.session_header` = "X-Route": is destination_header, which the filter removes from every request before it reads the session"#
+            )
+        );
+        // Headers of its own stay accepted.
+        let c = Config::from_json(
+            format!(r#"{{{H},"destination_header":"x-dest","decision_header":"x-host-decision"}}"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(c.decision_header.as_deref(), Some("x-host-decision"));
+    }
+
+    #[test]
+    fn gossip_path_peers_and_name_are_checked() {
+        let p = "invalid prefix-router config: field";
+        for (gossip, want) in [
+            (
+                r#"{"path":"/v1/chat/completions"}"#,
+                format!(
+                    r#"{p} `gossip.path` = "/v1/chat/completions": is the routed API path paths[0]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"#
+                ),
+            ),
+            (
+                r#"{"path":"/v1/messages/"}"#,
+                format!(
+                    r#"{p} `gossip.path` = "/v1/messages/": is the routed API path paths[3]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"#
+                ),
+            ),
+            (
+                r#"{"path":"/gossip?x=1"}"#,
+                format!(
+                    r#"{p} `gossip.path` = "/gossip?x=1": must be a path alone, without '?' or '#' (requests are matched on their path)"#
+                ),
+            ),
+            (
+                r#"{"peers":["10.0.0.1:9000","[::ffff:10.0.0.1]:9000"],"cluster":"c"}"#,
+                format!(
+                    r#"{p} `gossip.peers[1]` = "[::ffff:10.0.0.1]:9000": the same peer as gossip.peers[0] "10.0.0.1:9000": it would get every batch twice"#
+                ),
+            ),
+            (
+                r#"{"peers":["envoy-b.svc:70000"],"cluster":"c"}"#,
+                format!(
+                    r#"{p} `gossip.peers[0]` = "envoy-b.svc:70000": must be host:port (port 1..=65535)"#
+                ),
+            ),
+            (
+                r#"{"peers":["Envoy-B.svc:1000","envoy-b.svc:01000"],"cluster":"c"}"#,
+                format!(
+                    r#"{p} `gossip.peers[1]` = "envoy-b.svc:01000": the same peer as gossip.peers[0] "Envoy-B.svc:1000": it would get every batch twice"#
+                ),
+            ),
+            (
+                r#"{"peers":["10.0.0.2:9000"],"cluster":"c","name":"10.0.0.2:9000"}"#,
+                format!(
+                    r#"{p} `gossip.name` = "10.0.0.2:9000": is gossip.peers[0]: this Envoy would send its batches to itself"#
+                ),
+            ),
+        ] {
+            assert_eq!(
+                text(&format!(r#"{{{H},"gossip":{gossip}}}"#)),
+                want,
+                "{gossip}"
+            );
+        }
+        // A path of its own, and a routed path moved away, are fine.
+        assert!(Config::from_json(
+            format!(
+                r#"{{{H},"paths":["/v1/completions"],"gossip":{{"path":"/v1/chat/completions"}}}}"#
+            )
+            .as_bytes()
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn max_body_bytes_is_capped_at_8_mib() {
+        assert_eq!(MAX_BODY_BYTES, 8 * 1024 * 1024);
+        assert!(
+            Config::from_json(format!(r#"{{{H},"max_body_bytes":8388608}}"#).as_bytes()).is_ok()
+        );
+        assert_eq!(
+            text(&format!(r#"{{{H},"max_body_bytes":8388609}}"#)),
+            "invalid prefix-router config: field `max_body_bytes` = 8388609: must be 1..=8388608 (8 MiB): a worker VM's memory never shrinks, so each would keep the largest body's copy for good; larger bodies pass as fallbacks"
+        );
     }
 
     #[test]

@@ -7,7 +7,10 @@
 //!   through `gossip.cluster`, the destination header naming the peer (the
 //!   cluster's `override_host` policy picks it). Failures (dispatch error,
 //!   non-2xx, timeout) are counted in `prefix_router.gossip.send_errors`
-//!   and never touch requests; a lost batch is not resent.
+//!   and never touch requests; a lost batch is not resent. A dispatch Envoy
+//!   refuses because it has no `gossip.cluster` is also counted in
+//!   `prefix_router.gossip.unknown_cluster` and logged once per VM as an
+//!   error naming the field.
 //! - Receiving (`gossip.accept`): a POST to `gossip.path` is answered by
 //!   the filter itself ([`apply`]; 204, or 400 with the reason) and never
 //!   forwarded.
@@ -42,6 +45,8 @@ pub struct Gossiper {
     /// Load gossip: the pending prefill last sent, and when.
     last_loads: Vec<(String, u64)>,
     last_loads_ms: u64,
+    /// Whether this VM logged that Envoy has no `gossip.cluster`.
+    unknown_logged: bool,
 }
 
 /// A batch with loads but no observation is sent only when the loads
@@ -136,10 +141,19 @@ impl Gossiper {
                 }
                 Err(e) => {
                     st.metrics.inc(st.metrics.gossip_send_errors, 1);
-                    host::log(
-                        LogLevel::Warn,
-                        &format!("prefix-router: gossip to {peer} not dispatched: {e:?}"),
-                    );
+                    if !host::unknown_cluster(
+                        e,
+                        "gossip.cluster",
+                        &g.cluster,
+                        &st.metrics,
+                        st.metrics.gossip_unknown_cluster,
+                        &mut self.unknown_logged,
+                    ) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!("prefix-router: gossip to {peer} not dispatched: {e:?}"),
+                        );
+                    }
                 }
             }
         }

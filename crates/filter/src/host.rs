@@ -99,6 +99,36 @@ pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
     abi::set_tick_period_ms(ms)
 }
 
+/// A `dispatch_http_call` Envoy refused with `BadArgument`: what Envoy 1.40
+/// answers when no cluster has that name (the filter cannot list Envoy's
+/// clusters at configure time, so this is the first place a mistyped
+/// `scrape.cluster` or `gossip.cluster` shows). Counts it in `counter` and,
+/// the first time for this VM (`logged`), logs an error naming `field`.
+/// Returns whether `e` was such a refusal.
+pub fn unknown_cluster(
+    e: Status,
+    field: &str,
+    cluster: &str,
+    metrics: &crate::metrics::Metrics,
+    counter: u32,
+    logged: &mut bool,
+) -> bool {
+    if e != Status::BadArgument {
+        return false;
+    }
+    metrics.inc(counter, 1);
+    if !std::mem::replace(logged, true) {
+        log(
+            LogLevel::Error,
+            &format!(
+                "prefix-router: {field} = {cluster:?}: Envoy refused the call (BadArgument): it has no cluster of that name; nothing is sent until it does (counted in prefix_router.{field_metric}.unknown_cluster)",
+                field_metric = field.split('.').next().unwrap_or(field)
+            ),
+        );
+    }
+    true
+}
+
 /// proxy-wasm shared data: process-wide, shared by every worker's VM.
 pub struct SharedData;
 

@@ -10,7 +10,10 @@
 //! 3. Response headers: read the replica's load report (ORCA or plain
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
-//! 4. Log / done: the in-flight count is released exactly once.
+//! 4. Log / done: the in-flight count is released exactly once; passive
+//!    health records the request's outcome at the host of its last try, and
+//!    (from the response headers on) a failure at the chosen host if Envoy
+//!    retried the request elsewhere ([`prefix_router_core::health::verdicts`]).
 //!
 //! With `cost.mode = index` step 2 also hashes the whole prompt's strided chain
 //! and places by the cost rule, reading the shared-data prefix index
@@ -46,6 +49,9 @@ use crate::root::State;
 pub const ORCA_FORMAT_HEADER: &str = "endpoint-load-metrics-format";
 /// ORCA response header.
 pub const ORCA_HEADER: &str = "endpoint-load-metrics";
+/// Feature `test-trap` only: a request with this header traps the VM.
+#[cfg(feature = "test-trap")]
+pub const TEST_TRAP_HEADER: &str = "x-prefix-router-test-trap";
 
 /// One request.
 pub struct Http {
@@ -75,6 +81,8 @@ pub struct Http {
     /// This request is a gossip batch from a peer (`gossip.accept`): the
     /// filter answers it and never forwards it.
     gossip_rx: bool,
+    /// Passive health already counted the chosen host's retried try.
+    retry_checked: bool,
 }
 
 impl Http {
@@ -93,6 +101,7 @@ impl Http {
             pending: None,
             learn: None,
             gossip_rx: false,
+            retry_checked: false,
         }
     }
 
@@ -417,35 +426,127 @@ impl Http {
         }
     }
 
-    /// Passive health: the outcome of this request at the host that served it.
-    /// 5xx (Envoy answers 503 for connect failures and upstream resets too)
-    /// is a failure; a request the client abandoned (no response code) is
-    /// not counted.
-    fn record_health(&mut self) {
+    /// The address of the host this request was routed to, if the filter
+    /// routed it.
+    fn chosen(&self) -> Option<String> {
+        match &self.decision {
+            Some(Decision::Routed { host, .. }) => self
+                .st
+                .router
+                .config()
+                .hosts
+                .get(*host)
+                .map(|h| h.address.clone()),
+            _ => None,
+        }
+    }
+
+    /// What Envoy tells of this request's tries ([`health::Attempt`]); the
+    /// code and flags only at log time (`final_outcome`).
+    fn attempt_info(&mut self, final_outcome: bool) -> (Option<String>, u64, i64, u64) {
+        let served = match host::property_string(&["upstream", "address"]) {
+            Ok(a) => a,
+            Err(e) => {
+                self.host_error("reading upstream.address", e);
+                None
+            }
+        };
+        let attempts = match host::property_i64(&["upstream", "request_attempt_count"]) {
+            Ok(n) => n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+            Err(e) => {
+                self.host_error("reading upstream.request_attempt_count", e);
+                0
+            }
+        };
+        if !final_outcome {
+            return (served, attempts, 0, 0);
+        }
+        let code = match host::property_i64(&["response", "code"]) {
+            Ok(c) => c.unwrap_or(0),
+            Err(e) => {
+                self.host_error("reading response.code", e);
+                0
+            }
+        };
+        let flags = match host::property_i64(&["response", "flags"]) {
+            Ok(f) => f.and_then(|f| u64::try_from(f).ok()).unwrap_or(0),
+            Err(e) => {
+                self.host_error("reading response.flags", e);
+                0
+            }
+        };
+        (served, attempts, code, flags)
+    }
+
+    /// Passive health of every try Envoy made ([`health::verdicts`]): the
+    /// chosen host failed if Envoy retried the request elsewhere (counted
+    /// as soon as the response headers show it, so a dead replica is
+    /// ejected while its retried requests succeed), and the host of the last
+    /// try by the response code and flags (at log time, `final_outcome`;
+    /// a request the client abandoned says nothing).
+    fn record_health(&mut self, final_outcome: bool) {
         if self.st.router.config().health.failure_threshold == 0 {
             return;
         }
-        let Some((served, idx)) = self.served_host() else {
+        if self.retry_checked && !final_outcome {
+            return;
+        }
+        let chosen = self.chosen();
+        let (served, attempts, code, flags) = self.attempt_info(final_outcome);
+        let v = health::verdicts(&health::Attempt {
+            chosen: chosen.as_deref(),
+            served: served.as_deref(),
+            attempts,
+            code,
+            flags,
+        });
+        if !std::mem::replace(&mut self.retry_checked, true) {
+            if let Some(c) = v.chosen_failed {
+                self.st
+                    .metrics
+                    .inc(self.st.metrics.health_retried_failures, 1);
+                let why = format!(
+                    "a try Envoy retried elsewhere, {attempts} tries, served by {}",
+                    served.as_deref().unwrap_or("none")
+                );
+                self.health_outcome(c, health::Outcome::Unreachable, &why);
+            }
+        }
+        if !final_outcome {
+            return;
+        }
+        if let Some((s, outcome)) = v.served {
+            let why = format!("last: {code}, response flags {flags:#x}");
+            self.health_outcome(s, outcome, &why);
+        }
+    }
+
+    /// Record one host's outcome; eject it (and forget its prefix-index
+    /// entries) when that makes `failure_threshold` consecutive failures.
+    fn health_outcome(&mut self, addr: &str, outcome: health::Outcome, why: &str) {
+        let cfg = self.st.router.config();
+        let Some(idx) = cfg.host_index(addr) else {
             return;
         };
-        let cfg = self.st.router.config();
-        let code = match host::property_i64(&["response", "code"]) {
-            Ok(Some(c)) if c > 0 => c,
-            Ok(_) => return,
-            Err(e) => {
-                self.host_error("reading response.code", e);
-                return;
-            }
-        };
         let Some(now) = self.now() else { return };
-        match health::record(&SharedData, &served, code < 500, now, &cfg.health) {
+        match health::record(&SharedData, addr, outcome, now, &cfg.health) {
             Ok(true) => {
                 self.st.metrics.inc(self.st.metrics.ejections, 1);
+                let after = if outcome == health::Outcome::Unreachable
+                    && cfg.health.unreachable_threshold > 0
+                {
+                    format!(
+                        "{} consecutive failed tries or {} it did not take",
+                        cfg.health.failure_threshold, cfg.health.unreachable_threshold
+                    )
+                } else {
+                    format!("{} consecutive failed tries", cfg.health.failure_threshold)
+                };
                 host::log(
                     LogLevel::Warn,
                     &format!(
-                        "prefix-router: ejecting {served} for {} ms after {} consecutive failed responses (last: {code})",
-                        cfg.health.cooldown_ms, cfg.health.failure_threshold
+                        "prefix-router: ejecting {addr} for {} ms after {after} (last: {why})",
+                        cfg.health.cooldown_ms
                     ),
                 );
                 // Whatever it held is presumed gone (a crash or restart):
@@ -635,6 +736,10 @@ impl Context for Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        #[cfg(feature = "test-trap")]
+        if matches!(host::request_header(TEST_TRAP_HEADER), Ok(Some(_))) {
+            crate::root::trap();
+        }
         let cfg = self.st.router.config();
         // Never let a client pick the backend, whatever happens next.
         if let Err(e) = host::set_request_header(&cfg.destination_header, None) {
@@ -726,6 +831,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         self.release_pending();
+        self.record_health(false);
         self.learn_prefill();
         self.read_report();
         self.observe_index();
@@ -739,6 +845,6 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         self.release();
-        self.record_health();
+        self.record_health(true);
     }
 }

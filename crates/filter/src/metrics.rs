@@ -14,7 +14,9 @@
 //! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
 //! | `prefix_router.host_errors` | host calls that failed (details in the log) |
 //! | `prefix_router.health.ejections` | hosts ejected by passive health |
+//! | `prefix_router.health.retried_failures` | requests whose try at the chosen host failed and that Envoy retried on another host (a failure for passive health, though the client got an answer) |
 //! | `prefix_router.scrapes` / `prefix_router.scrape_errors` | active `/metrics` scrapes stored / failed |
+//! | `prefix_router.scrape.unknown_cluster` / `prefix_router.gossip.unknown_cluster` | calls Envoy refused because it has no cluster named `scrape.cluster` / `gossip.cluster` (a config error the filter cannot see at configure time; also logged once per VM at error level naming the field): alert on > 0 |
 //! | `prefix_router.host.<name>.routed` | routed requests per host (name with non-alphanumerics as `_`) |
 //! | `prefix_router.index.observed` | `cost.mode = index`: boundary entries written to the shared prefix index |
 //! | `prefix_router.index.footprint_bytes` | `cost.mode = index`: gauge, upper bound of the shared index's memory (`index_buckets x bucket_entries x 18`) |
@@ -30,10 +32,14 @@
 //! | `prefix_router.gossip.dropped` | `gossip.peers`: observations dropped unsent because the outbox held `max_batch_bytes` |
 //! | `prefix_router.gossip.applied` / `prefix_router.gossip.unknown_host` | `gossip.accept`: received observations recorded in this Envoy's index / naming a host not in its `hosts` (skipped) |
 //! | `prefix_router.gossip.rejected` | `gossip.accept`: received batches refused (malformed, too large, another fingerprint, not a POST); the 400 answer and the log say why |
+//! | `prefix_router.vm.starts` | VMs of this filter started (`on_vm_start`; an Envoy counter, so it outlives a VM): workers + 1 after startup, one more for each VM Envoy reloads after a failure (`failure_policy: FAIL_RELOAD`) or a config change brings. Alert on an increase without a config change; Envoy's own `wasm.<plugin>.vm_reload` (`envoy_wasm_prefix_router_vm_reload`) counts the reloads alone |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
 use proxy_wasm::types::MetricType;
+
+/// VMs started ([`crate::root::Root`]'s `on_vm_start`).
+pub const VM_STARTS: &str = "prefix_router.vm.starts";
 
 /// Metric ids of this VM (0 = not defined; incrementing it fails quietly).
 #[derive(Debug, Default)]
@@ -49,8 +55,10 @@ pub struct Metrics {
     pub load_report_errors: u32,
     pub host_errors: u32,
     pub ejections: u32,
+    pub health_retried_failures: u32,
     pub scrapes: u32,
     pub scrape_errors: u32,
+    pub scrape_unknown_cluster: u32,
     pub index_observed: u32,
     pub index_footprint: u32,
     pub index_used: u32,
@@ -70,6 +78,7 @@ pub struct Metrics {
     pub gossip_unknown_host: u32,
     pub gossip_rejected: u32,
     pub gossip_loads: u32,
+    pub gossip_unknown_cluster: u32,
     per_host: Vec<u32>,
 }
 
@@ -87,12 +96,6 @@ fn gossip(cfg: &Config, name: &str) -> u32 {
     } else {
         0
     }
-}
-
-fn sanitize(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect()
 }
 
 impl Metrics {
@@ -118,8 +121,14 @@ impl Metrics {
             load_report_errors: def("prefix_router.load_report_errors"),
             host_errors: def("prefix_router.host_errors"),
             ejections: def("prefix_router.health.ejections"),
+            health_retried_failures: def("prefix_router.health.retried_failures"),
             scrapes: def("prefix_router.scrapes"),
             scrape_errors: def("prefix_router.scrape_errors"),
+            scrape_unknown_cluster: if cfg.scrape.is_some() {
+                def("prefix_router.scrape.unknown_cluster")
+            } else {
+                0
+            },
             index_observed: if cfg.cost.enabled {
                 def("prefix_router.index.observed")
             } else {
@@ -183,10 +192,16 @@ impl Metrics {
             gossip_unknown_host: gossip(cfg, "unknown_host"),
             gossip_rejected: gossip(cfg, "rejected"),
             gossip_loads: gossip(cfg, "loads_applied"),
+            gossip_unknown_cluster: gossip(cfg, "unknown_cluster"),
             per_host: cfg
                 .hosts
                 .iter()
-                .map(|h| def(&format!("prefix_router.host.{}.routed", sanitize(&h.name))))
+                .map(|h| {
+                    def(&format!(
+                        "prefix_router.host.{}.routed",
+                        prefix_router_core::config::metric_name(&h.name)
+                    ))
+                })
                 .collect(),
         }
     }

@@ -83,7 +83,37 @@ impl Context for Root {
     }
 }
 
+/// Feature `test-trap` only: end this VM as a bug would (a wasm trap), for
+/// the e2e test of the failure policy.
+#[cfg(feature = "test-trap")]
+pub fn trap() -> ! {
+    #[cfg(target_arch = "wasm32")]
+    {
+        core::arch::wasm32::unreachable()
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        std::process::abort()
+    }
+}
+
 impl RootContext for Root {
+    /// Counts this VM's start in `prefix_router.vm.starts` (an Envoy
+    /// counter: it outlives the VM). Each worker thread starts its own VM,
+    /// plus one on the main thread, so after startup it reads workers + 1;
+    /// it grows when a failed VM is reloaded (`failure_policy: FAIL_RELOAD`)
+    /// or a configuration change brings a new VM. Alert on an increase
+    /// without a config change.
+    fn on_vm_start(&mut self, _size: usize) -> bool {
+        if let Ok(id) = crate::abi::define_metric(
+            proxy_wasm::types::MetricType::Counter,
+            crate::metrics::VM_STARTS,
+        ) {
+            let _ = crate::abi::increment_metric(id, 1);
+        }
+        true
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         let bytes = match host::plugin_configuration() {
             Ok(b) => b,

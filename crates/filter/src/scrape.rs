@@ -11,6 +11,10 @@
 //!   to the replica, so Envoy's override_host policy sends it to that replica.
 //! - Failures (no lease, dispatch error, non-200, unparsable body, timeout)
 //!   are counted in `prefix_router.scrape_errors` and never touch requests.
+//!   A dispatch Envoy refuses because it has no `scrape.cluster` (the filter
+//!   cannot list clusters at configure time) is also counted in
+//!   `prefix_router.scrape.unknown_cluster` and logged once per VM as an
+//!   error naming the field ([`crate::host::unknown_cluster`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,6 +40,8 @@ pub struct Scraper {
     pub owner: u64,
     /// Outstanding calls: token → host address.
     pending: BTreeMap<u32, String>,
+    /// Whether this VM logged that Envoy has no `scrape.cluster`.
+    unknown_logged: bool,
 }
 
 fn decode_lease(v: Option<&[u8]>) -> (u64, u64) {
@@ -126,13 +132,22 @@ impl Scraper {
                 }
                 Err(e) => {
                     metrics.inc(metrics.scrape_errors, 1);
-                    host::log(
-                        LogLevel::Warn,
-                        &format!(
-                            "prefix-router: scrape of {} not dispatched: {e:?}",
-                            h.address
-                        ),
-                    );
+                    if !host::unknown_cluster(
+                        e,
+                        "scrape.cluster",
+                        &sc.cluster,
+                        metrics,
+                        metrics.scrape_unknown_cluster,
+                        &mut self.unknown_logged,
+                    ) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!(
+                                "prefix-router: scrape of {} not dispatched: {e:?}",
+                                h.address
+                            ),
+                        );
+                    }
                 }
             }
         }

@@ -8,9 +8,10 @@
 //!   body without looking at it: the cost any body-based router pays before
 //!   doing its own work (needs `allow_on_headers_stop_iteration`).
 //! - `panic-on-header`: panics (a trap in the VM) when a request carries
-//!   `x-testbed-panic`. Used to test the failure policy chosen in
-//!   `envoy/envoy.yaml` (`FAIL_OPEN`): after the VM dies, requests must still
-//!   be served by Envoy's own load balancing.
+//!   `x-testbed-panic`. Used to test `FAIL_OPEN` (the failure policy before
+//!   `FAIL_RELOAD`): after the VM dies, requests must still be served by
+//!   Envoy's own load balancing. The committed `FAIL_RELOAD` is tested with
+//!   prefix-router itself built with feature `test-trap`.
 //!
 //! This crate is deliberately allowed to panic; it is never deployed.
 
