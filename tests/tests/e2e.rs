@@ -447,7 +447,7 @@ fn bad_filter_config_is_refused_and_named() {
         ),
         (
             "gossip.path equal to a routed path",
-            json!({"gossip": {"path": "/v1/chat/completions"}}),
+            json!({"cost": {"mode": "index"}, "gossip": {"path": "/v1/chat/completions"}}),
             "field `gossip.path` = \"/v1/chat/completions\"",
         ),
         (

@@ -2328,7 +2328,9 @@ mod tests {
             ),
         ] {
             assert_eq!(
-                text(&format!(r#"{{{H},"gossip":{gossip}}}"#)),
+                text(&format!(
+                    r#"{{{H},"cost":{{"mode":"index"}},"gossip":{gossip}}}"#
+                )),
                 want,
                 "{gossip}"
             );
@@ -2336,7 +2338,7 @@ mod tests {
         // A path of its own, and a routed path moved away, are fine.
         assert!(Config::from_json(
             format!(
-                r#"{{{H},"paths":["/v1/completions"],"gossip":{{"path":"/v1/chat/completions"}}}}"#
+                r#"{{{H},"paths":["/v1/completions"],"cost":{{"mode":"index"}},"gossip":{{"path":"/v1/chat/completions"}}}}"#
             )
             .as_bytes()
         )
