@@ -2899,6 +2899,9 @@ fn trap_the_vm(policy: &str, traps: usize, wait: Duration) -> (VmFailure, Lab) {
             wasm: Some(ok(paths::trap_wasm())),
             failure_policy: Some(policy.to_string()),
             concurrency: 1,
+            // The index rule: its prefix index lives in shared data, which must survive a
+            // reload (the default rule keeps no per-key state to lose).
+            filter: FilterConfig::Patched(json!({"cost": {"mode": "index"}})),
             ..EnvoyOptions::default()
         }),
     }));

@@ -182,23 +182,6 @@ impl HostLoad {
         }
     }
 
-    /// The load the priced spill's bound counts ([`crate::spill`]): the
-    /// fresh report's waiting (faded by age) + running requests, what the
-    /// replica itself says and so the same in every proxy, or this proxy's
-    /// in-flight requests there if they are more (a report older than its
-    /// latest requests, or none).
-    pub fn shared(&self, now_ms: u64, f: Freshness) -> u64 {
-        let reported = self.report.and_then(|r| {
-            let age = now_ms.saturating_sub(r.at_ms);
-            (age <= f.ttl_ms && r.queue.is_finite() && r.running.is_finite()).then(|| {
-                let waiting = r.queue.max(0.0) * f.weight(age);
-                // `as` saturates.
-                (waiting + r.running.max(0.0)).ceil() as u64
-            })
-        });
-        reported.map_or(self.inflight, |r| r.max(self.inflight))
-    }
-
     /// The load the bound counts: this proxy's in-flight requests plus
     /// [`HostLoad::others`] (with one proxy and no other clients, exactly
     /// its in-flight count; with several, the fleet's).
@@ -665,36 +648,6 @@ mod tests {
         // Garbage never overflows.
         let huge = reported(u64::MAX, f64::INFINITY, f64::NAN, 0, 0);
         assert_eq!(huge.effective(0, Freshness::ttl(10)), u64::MAX);
-    }
-
-    #[test]
-    fn the_shared_load_is_the_replicas_count_unless_ours_is_more() {
-        let f = Freshness {
-            ttl_ms: 10_000,
-            fade_ms: 2_000,
-        };
-        let mut l = HostLoad {
-            inflight: 3,
-            ..HostLoad::default()
-        };
-        // No report: our own requests.
-        assert_eq!(l.shared(0, f), 3);
-        l.report = Some(Report {
-            queue: 4.0,
-            running: 6.0,
-            own: 1,
-            at_ms: 1_000,
-        });
-        // Fresh: the replica's 10, whatever share of it is ours.
-        assert_eq!(l.shared(1_000, f), 10);
-        // 1 s old: waiting weighs half (2 + 6).
-        assert_eq!(l.shared(2_000, f), 8);
-        // More of ours in flight than it reports: ours.
-        l.inflight = 12;
-        assert_eq!(l.shared(1_000, f), 12);
-        // Past the TTL: ours.
-        l.inflight = 3;
-        assert_eq!(l.shared(20_000, f), 3);
     }
 
     #[test]

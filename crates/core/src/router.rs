@@ -587,12 +587,6 @@ impl Router {
                     .then(|| r.queue.max(0.0) * fresh.weight(age))
             })
             .collect();
-        // The bound's load: the replica's own fresh count, the same in every
-        // proxy, unless this proxy's in-flight requests there are more
-        // ([`HostLoad::shared`]).
-        let eff: Vec<u64> = (0..eff.len())
-            .map(|i| loads.get(i).map_or(0, |l| l.shared(now_ms, fresh)))
-            .collect();
         let p = &self.cfg.cost.params;
         // Every proxy presumes the first candidate holds the prompt, or
         // will after this request (a conversation's next turn comes back

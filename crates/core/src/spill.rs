@@ -41,11 +41,11 @@
 //!
 //! ## Consistency
 //! What moves a request is the same in every proxy: the ring, the config,
-//! the request's own bytes and the replicas' reports. The bound counts a
-//! replica's load as its own fresh report says (waiting + running,
-//! [`crate::load::HostLoad::shared`]); a proxy's own in-flight requests
-//! count only when they are more (a stale report, or none). No prefix
-//! index, no gossip, no state per key.
+//! the request's own bytes and the replicas' reports. A proxy's own
+//! in-flight requests enter only through the bound's load, as its share of
+//! the load the reports also show ([`crate::load::HostLoad::effective`]:
+//! its in-flight requests plus the report's requests beyond its own when
+//! the report was taken). No prefix index, no gossip, no state per key.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
