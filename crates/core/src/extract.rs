@@ -159,21 +159,35 @@ fn perr(e: Fail) -> ExtractError {
     ExtractError::Parse(format!("{} at byte {}", e.what, e.at))
 }
 
-/// Fields of a request body, in the order a body written as a JSON array
-/// gives them (serde reads a struct from an array positionally).
-const BODY_FIELDS: &[&[u8]] = &[
-    b"model",
-    b"messages",
-    b"tools",
-    b"functions",
-    b"prompt",
-    b"instructions",
-    b"input",
-    b"system",
-    b"metadata",
-    b"user",
-    b"cache_salt",
-];
+/// A struct's fields: how many (for the array form) and which field a key
+/// names.
+#[derive(Clone, Copy)]
+struct Fields {
+    count: usize,
+    id: fn(&[u8]) -> Option<usize>,
+}
+
+/// Fields of a request body, numbered in the order a body written as a JSON
+/// array gives them (serde reads a struct from an array positionally).
+const BODY_FIELDS: Fields = Fields {
+    count: 11,
+    id: |k| {
+        Some(match k {
+            b"model" => F_MODEL,
+            b"messages" => F_MESSAGES,
+            b"tools" => F_TOOLS,
+            b"functions" => F_FUNCTIONS,
+            b"prompt" => F_PROMPT,
+            b"instructions" => F_INSTRUCTIONS,
+            b"input" => F_INPUT,
+            b"system" => F_SYSTEM,
+            b"metadata" => F_METADATA,
+            b"user" => F_USER,
+            b"cache_salt" => F_CACHE_SALT,
+            _ => return None,
+        })
+    },
+};
 const F_MODEL: usize = 0;
 const F_MESSAGES: usize = 1;
 const F_TOOLS: usize = 2;
@@ -188,14 +202,20 @@ const F_USER: usize = 9;
 const F_CACHE_SALT: usize = 10;
 
 /// Fields of a message (chat, Anthropic, Responses input item).
-const MESSAGE_FIELDS: &[&[u8]] = &[
-    b"type",
-    b"role",
-    b"content",
-    b"name",
-    b"tool_calls",
-    b"tool_call_id",
-];
+const MESSAGE_FIELDS: Fields = Fields {
+    count: 6,
+    id: |k| {
+        Some(match k {
+            b"type" => M_TYPE,
+            b"role" => M_ROLE,
+            b"content" => M_CONTENT,
+            b"name" => M_NAME,
+            b"tool_calls" => M_TOOL_CALLS,
+            b"tool_call_id" => M_TOOL_CALL_ID,
+            _ => return None,
+        })
+    },
+};
 const M_TYPE: usize = 0;
 const M_ROLE: usize = 1;
 const M_CONTENT: usize = 2;
@@ -203,27 +223,40 @@ const M_NAME: usize = 3;
 const M_TOOL_CALLS: usize = 4;
 const M_TOOL_CALL_ID: usize = 5;
 
-const PART_FIELDS: &[&[u8]] = &[b"type", b"text"];
-const META_FIELDS: &[&[u8]] = &[b"user_id"];
-const PEEK_FIELDS: &[&[u8]] = &[b"model", b"cache_salt"];
+const PART_FIELDS: Fields = Fields {
+    count: 2,
+    id: |k| match k {
+        b"type" => Some(0),
+        b"text" => Some(1),
+        _ => None,
+    },
+};
+const META_FIELDS: Fields = Fields {
+    count: 1,
+    id: |k| (k == b"user_id").then_some(0),
+};
 
 /// The members of a struct-typed value, as serde reads a derived struct:
 /// from an object (keys decoded and checked, unknown keys ignored, a known
 /// key twice is an error) or from an array (fields by position, no more
 /// elements than fields).
 struct Members {
-    names: &'static [&'static [u8]],
+    names: Fields,
     seq: bool,
     first: bool,
     k: usize,
     seen: u32,
+    /// The member `next` returned repeats a field (an error, unless
+    /// `allow_dup`: then the caller decides).
+    dup: bool,
+    allow_dup: bool,
     /// Where the next member (or the end) is looked for.
     i: usize,
     utf8_known: bool,
 }
 
 impl Members {
-    fn open(b: &[u8], i: usize, names: &'static [&'static [u8]], utf8_known: bool) -> Res<Members> {
+    fn open(b: &[u8], i: usize, names: Fields, utf8_known: bool) -> Res<Members> {
         let i = ws(b, i);
         let seq = match b.get(i) {
             Some(b'{') => false,
@@ -237,6 +270,8 @@ impl Members {
             first: true,
             k: 0,
             seen: 0,
+            dup: false,
+            allow_dup: false,
             i: i + 1,
             utf8_known,
         })
@@ -267,7 +302,7 @@ impl Members {
         }
         self.first = false;
         if self.seq {
-            if self.k >= self.names.len() {
+            if self.k >= self.names.count {
                 return fail(j, "trailing characters");
             }
             self.k += 1;
@@ -278,12 +313,11 @@ impl Members {
         }
         let mut key = SmallOut::new();
         let e = decode_str(b, j + 1, self.utf8_known, &mut key)?;
-        let id = key
-            .get()
-            .and_then(|k| self.names.iter().position(|n| *n == k));
+        let id = key.get().and_then(self.names.id);
         if let Some(k) = id {
             let bit = 1u32 << k;
-            if self.seen & bit != 0 {
+            self.dup = self.seen & bit != 0;
+            if self.dup && !self.allow_dup {
                 return fail(j, "duplicate field");
             }
             self.seen |= bit;
@@ -389,6 +423,9 @@ fn each(b: &[u8], i: usize, mut f: impl FnMut(usize) -> Res<usize>) -> Res<usize
     }
 }
 
+/// The opening quotes of `model` and `cache_salt` (the pre-pass view).
+type Peeked = (Option<usize>, Option<usize>);
+
 /// Where each top-level field's value starts (None: absent or null);
 /// `F_METADATA` holds `metadata.user_id`'s.
 #[derive(Debug, Default, Clone, Copy)]
@@ -402,26 +439,100 @@ impl Top {
     }
 }
 
-/// The first pass: the whole body, checked as serde checked the former
-/// extractor's request struct.
-fn scan_body(b: &[u8], st: &mut Frames) -> Res<Top> {
+/// The first pass, over the whole body: its check as the former
+/// extractor's request struct (`top`: where each field starts) and, in the
+/// same walk, as the router's former pre-pass struct of `model` and
+/// `cache_salt` alone (`peek`: their opening quotes). After the first error
+/// of one view the walk goes on for the other, checking only syntax.
+fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
+    let mut st = Frames::default();
     let mut top = Top::default();
-    let mut m = Members::open(b, 0, BODY_FIELDS, false)?;
-    while let Some((id, v)) = m.next(b)? {
-        let (end, at) = match id {
-            Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT) => opt_str(b, v, false)?,
-            Some(F_MESSAGES) => opt_messages(b, v, st)?,
-            Some(F_METADATA) => opt_anthropic_meta(b, v, st)?,
-            Some(_) => opt_raw(b, v, st)?,
-            None => (skip_value(b, v, false, st)?, None),
+    let (mut body_err, mut peek_err): (Option<Fail>, Option<Fail>) = (None, None);
+    let (mut model, mut salt) = (None, None);
+    let both = |e: Fail| (Err(e), Err(e));
+    let mut m = match Members::open(b, 0, BODY_FIELDS, false) {
+        Ok(m) => m,
+        Err(e) => return both(e),
+    };
+    m.allow_dup = true;
+    loop {
+        let (id, v) = match m.next(b) {
+            Ok(Some(x)) => x,
+            Ok(None) => break,
+            Err(e) => return both(e),
         };
-        if let Some(slot) = id.and_then(|k| top.at.get_mut(k)) {
-            *slot = at;
+        if m.dup {
+            // A request field twice fails the request view, and the
+            // pre-pass view if it is one of its two fields.
+            let e = Fail {
+                at: v,
+                what: "duplicate field",
+            };
+            body_err.get_or_insert(e);
+            if matches!(id, Some(F_MODEL | F_CACHE_SALT)) {
+                peek_err.get_or_insert(e);
+            }
         }
-        m.i = end;
+        // The pre-pass view of this member.
+        if peek_err.is_none() {
+            let pid = match (m.seq, id) {
+                (true, _) => Some(m.k - 1),
+                (false, Some(F_MODEL)) => Some(0),
+                (false, Some(F_CACHE_SALT)) => Some(1),
+                _ => None,
+            };
+            let r = match pid {
+                Some(0) => {
+                    let v = ws(b, v);
+                    match b.get(v) {
+                        Some(b'"') => {
+                            decode_str(b, v + 1, false, &mut NoOut).map(|_| model = Some(v))
+                        }
+                        _ => fail(v, "invalid type: expected a string"),
+                    }
+                }
+                Some(1) => opt_str(b, v, false).map(|(_, q)| salt = q),
+                Some(_) => fail(v, "trailing characters"),
+                None => Ok(()),
+            };
+            if let Err(e) = r {
+                peek_err = Some(e);
+            }
+        }
+        // The request view.
+        let r = match (body_err, id) {
+            (Some(_), _) | (None, None) => skip_value(b, v, false, &mut st).map(|e| (e, None)),
+            (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => opt_str(b, v, false),
+            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st),
+            (None, Some(F_METADATA)) => opt_anthropic_meta(b, v, &mut st),
+            (None, Some(_)) => opt_raw(b, v, &mut st),
+        };
+        m.i = match r {
+            Ok((end, at)) => {
+                if let Some(slot) = id.and_then(|k| top.at.get_mut(k)) {
+                    *slot = at;
+                }
+                end
+            }
+            Err(e) => {
+                body_err = Some(e);
+                match skip_value(b, v, false, &mut st) {
+                    Ok(end) => end,
+                    Err(e) => return both(e),
+                }
+            }
+        };
+        if let (Some(x), Some(y)) = (body_err, peek_err) {
+            return (Err(x), Err(y));
+        }
     }
-    end_of_body(b, m.i)?;
-    Ok(top)
+    if let Err(e) = end_of_body(b, m.i) {
+        return both(e);
+    }
+    (
+        body_err.map_or(Ok(top), Err),
+        peek_err.map_or(Ok((model, salt)), Err),
+    )
 }
 
 fn end_of_body(b: &[u8], i: usize) -> Res<()> {
@@ -454,42 +565,14 @@ fn opt_cow(b: &[u8], q: Option<usize>) -> Res<Option<Cow<'_, str>>> {
 }
 
 /// `model` and `cache_salt` of a request body: the fields that seed the hash
-/// chain, needed before [`extract`]. Checks the whole body as JSON (the
-/// same errors as `serde_json` reading a struct of just these two fields:
-/// a `model` that is not a string, even `null`, is an error; everything
-/// else is only checked to be JSON). One pass, no allocation unless a value
-/// has escapes.
+/// chain, needed before [`extract`]. Checks the whole body as JSON, with the
+/// errors of the router's former pre-pass (`serde_json` reading a struct of
+/// just these two fields): a `model` that is not a string, even `null`, is
+/// an error; the rest is only checked to be JSON. One pass, no allocation
+/// unless a value has escapes. [`Scan`] gives this and [`extract`] from one
+/// pass.
 pub fn peek_meta(body: &[u8]) -> Result<Meta<'_>, ExtractError> {
-    peek(body).map_err(perr)
-}
-
-fn peek(b: &[u8]) -> Res<Meta<'_>> {
-    let mut st = Frames::default();
-    let (mut model, mut salt) = (None, None);
-    let mut m = Members::open(b, 0, PEEK_FIELDS, false)?;
-    while let Some((id, v)) = m.next(b)? {
-        m.i = match id {
-            Some(0) => {
-                let v = ws(b, v);
-                if b.get(v) != Some(&b'"') {
-                    return fail(v, "invalid type: expected a string");
-                }
-                model = Some(v);
-                decode_str(b, v + 1, false, &mut NoOut)?
-            }
-            Some(_) => {
-                let (e, s) = opt_str(b, v, false)?;
-                salt = s;
-                e
-            }
-            None => skip_value(b, v, false, &mut st)?,
-        };
-    }
-    end_of_body(b, m.i)?;
-    Ok(Meta {
-        model: opt_cow(b, model)?.unwrap_or_default(),
-        cache_salt: opt_cow(b, salt)?,
-    })
+    Scan::new(body).meta()
 }
 
 /// Extract `body` (for `api`) into `sink`; returns the request's metadata.
@@ -500,42 +583,82 @@ pub fn extract<'a, S: PromptSink>(
     body: &'a [u8],
     sink: &mut S,
 ) -> Result<RequestMeta<'a>, ExtractError> {
-    let top = scan_body(body, &mut Frames::default()).map_err(perr)?;
-    let mut em = Em {
-        b: body,
-        out: Out {
-            sink,
-            buf: [0; STAGE],
-            len: 0,
-        },
-        canon: Canon::default(),
-        wrote: 0,
-        anchored: false,
-    };
-    let r = em.run(api, &top);
-    em.out.flush();
-    r.map_err(perr)?;
-    if em.wrote == 0 {
-        return Err(ExtractError::EmptyPrompt);
+    Scan::new(body).extract(api, sink)
+}
+
+/// A request body after the first pass: [`Scan::meta`] is [`peek_meta`] and
+/// [`Scan::extract`] is [`extract`], without walking the body a second time
+/// before extraction (the router's `peek_meta` + `extract` walk it three
+/// times: twice checking it, once writing the stream).
+#[derive(Debug, Clone)]
+pub struct Scan<'a> {
+    body: &'a [u8],
+    top: Res<Top>,
+    peek: Res<Peeked>,
+}
+
+impl<'a> Scan<'a> {
+    /// Check `body` (one pass, no allocation for ordinary depths).
+    pub fn new(body: &'a [u8]) -> Scan<'a> {
+        let (top, peek) = scan(body);
+        Scan { body, top, peek }
     }
-    let b = body;
-    let meta = match api {
-        Api::Messages => RequestMeta {
-            model: opt_cow(b, top.get(F_MODEL))
-                .map_err(perr)?
-                .unwrap_or_default(),
-            user: opt_cow(b, top.get(F_METADATA)).map_err(perr)?,
-            cache_salt: None,
-        },
-        _ => RequestMeta {
-            model: opt_cow(b, top.get(F_MODEL))
-                .map_err(perr)?
-                .unwrap_or_default(),
-            user: opt_cow(b, top.get(F_USER)).map_err(perr)?,
-            cache_salt: opt_cow(b, top.get(F_CACHE_SALT)).map_err(perr)?,
-        },
-    };
-    Ok(meta)
+
+    /// As [`peek_meta`].
+    pub fn meta(&self) -> Result<Meta<'a>, ExtractError> {
+        let (model, salt) = self.peek.map_err(perr)?;
+        let b = self.body;
+        Ok(Meta {
+            model: opt_cow(b, model).map_err(perr)?.unwrap_or_default(),
+            cache_salt: opt_cow(b, salt).map_err(perr)?,
+        })
+    }
+
+    /// As [`extract`].
+    pub fn extract<S: PromptSink>(
+        &self,
+        api: Api,
+        sink: &mut S,
+    ) -> Result<RequestMeta<'a>, ExtractError> {
+        let top = self.top.map_err(perr)?;
+        let body = self.body;
+        let mut em = Em {
+            b: body,
+            out: Out {
+                sink,
+                buf: [0; STAGE],
+                len: 0,
+            },
+            canon: Canon::default(),
+            part: PartHasher::new(),
+            wrote: 0,
+            anchored: false,
+        };
+        let r = em.run(api, &top);
+        em.out.flush();
+        r.map_err(perr)?;
+        if em.wrote == 0 {
+            return Err(ExtractError::EmptyPrompt);
+        }
+        let b = body;
+        let meta = match api {
+            Api::Messages => RequestMeta {
+                model: opt_cow(b, top.get(F_MODEL))
+                    .map_err(perr)?
+                    .unwrap_or_default(),
+                user: opt_cow(b, top.get(F_METADATA)).map_err(perr)?,
+                cache_salt: None,
+            },
+            _ => RequestMeta {
+                model: opt_cow(b, top.get(F_MODEL))
+                    .map_err(perr)?
+                    .unwrap_or_default(),
+                user: opt_cow(b, top.get(F_USER)).map_err(perr)?,
+                cache_salt: opt_cow(b, top.get(F_CACHE_SALT)).map_err(perr)?,
+            },
+        };
+        Ok(meta)
+    }
 }
 
 const STAGE: usize = 512;
@@ -620,6 +743,10 @@ impl PartHasher {
             big: None,
         }
     }
+    fn reset(&mut self) {
+        self.len = 0;
+        self.big = None;
+    }
     fn finish(&self) -> u64 {
         match &self.big {
             Some(h) => h.digest(),
@@ -652,6 +779,7 @@ struct Em<'b, 's, S: PromptSink> {
     b: &'b [u8],
     out: Out<'s, S>,
     canon: Canon,
+    part: PartHasher,
     /// Number of records with content written.
     wrote: usize,
     anchored: bool,
@@ -932,8 +1060,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// `GS type GS hex(xxh3(canonical json))` for the non-text value at `i`.
     fn marker(&mut self, i: usize) -> Res<usize> {
         let b = self.b;
-        let mut h = PartHasher::new();
-        let (end, ty) = self.canon.write(b, i, &mut h)?;
+        self.part.reset();
+        let (end, ty) = self.canon.write(b, i, &mut self.part)?;
         self.out.put(GS);
         match ty {
             Some(t) if b.get(t) == Some(&b'"') => {
@@ -942,7 +1070,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
             _ => self.out.put(b"part"),
         }
         self.out.put(GS);
-        self.out.put(&hex16(h.finish()));
+        self.out.put(&hex16(self.part.finish()));
         Ok(end)
     }
 

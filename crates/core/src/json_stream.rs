@@ -71,6 +71,17 @@ fn stop_mask(w: u64) -> u64 {
     (ctrl | q | s) & HIGH
 }
 
+/// [`stop_mask`] for a word of ASCII bytes (no byte >= 0x80): then a byte's
+/// subtraction can set its high bit only by borrowing, which first happens
+/// at the lowest byte that is a stop, so the `& !w` terms are not needed.
+#[inline(always)]
+fn stop_mask_ascii(w: u64) -> u64 {
+    let ctrl = w.wrapping_sub(ONES * 0x20);
+    let q = (w ^ (ONES * u64::from(b'"'))).wrapping_sub(ONES);
+    let s = (w ^ (ONES * u64::from(b'\\'))).wrapping_sub(ONES);
+    (ctrl | q | s) & HIGH
+}
+
 #[inline(always)]
 fn word(c: &[u8]) -> u64 {
     match c.first_chunk::<8>() {
@@ -87,31 +98,26 @@ pub fn scan_special(b: &[u8], i: usize) -> (usize, bool) {
     let Some(rest) = b.get(i..) else {
         return (b.len(), false);
     };
-    let mut acc = 0u64;
+    let mut hi = false;
     let mut off = 0usize;
     let mut it = rest.chunks_exact(16);
     for c in &mut it {
         let (x, y) = c.split_at(8);
         let (w0, w1) = (word(x), word(y));
-        let (m0, m1) = (stop_mask(w0), stop_mask(w1));
-        if m0 | m1 != 0 {
-            if m0 != 0 {
-                acc |= w0;
-                return (
-                    i + off + (m0.trailing_zeros() / 8) as usize,
-                    acc & HIGH != 0,
-                );
-            }
-            acc |= w0 | w1;
-            return (
-                i + off + 8 + (m1.trailing_zeros() / 8) as usize,
-                acc & HIGH != 0,
-            );
+        let (m0, m1) = if (w0 | w1) & HIGH == 0 {
+            (stop_mask_ascii(w0), stop_mask_ascii(w1))
+        } else {
+            hi = true;
+            (stop_mask(w0), stop_mask(w1))
+        };
+        if m0 != 0 {
+            return (i + off + (m0.trailing_zeros() / 8) as usize, hi);
         }
-        acc |= w0 | w1;
+        if m1 != 0 {
+            return (i + off + 8 + (m1.trailing_zeros() / 8) as usize, hi);
+        }
         off += 16;
     }
-    let mut hi = acc & HIGH != 0;
     for &c in it.remainder() {
         if c == b'"' || c == b'\\' || c < 0x20 {
             return (i + off, hi);
@@ -751,13 +757,75 @@ pub struct Canon {
     /// Key offsets of the members of the open objects (first pass).
     members: Vec<u32>,
     /// Per reordered object: start, end, member count, key offsets.
-    blocks: Vec<u32>,
-    /// (object start, block position), sorted by start.
-    index: Vec<(u32, u32)>,
+    blocks: Arena,
+    /// Block positions, sorted by object start.
+    index: Vec<u32>,
+    /// The two passes' stacks (kept to spare their initialization per value).
+    ix: Vec<IxFrame>,
+    em: Vec<EmFrame>,
+}
+
+const ARENA_CHUNK: usize = 4096;
+
+/// Push, growing the capacity by half (not double) when full.
+#[inline]
+fn push_slow_growth(v: &mut Vec<u32>, x: u32) {
+    if v.len() == v.capacity() {
+        v.reserve_exact(v.len() / 2 + 64);
+    }
+    v.push(x);
+}
+
+/// Marks a block in the large format.
+const LARGE: u32 = u32::MAX;
+
+/// Whether a member count fits the small block format (15 bits).
+fn n_kept_fits(n: usize) -> bool {
+    n < 0x8000
+}
+
+/// A growable array of u32 in fixed chunks: growing never copies or holds
+/// two buffers at once, and the slack is at most one chunk.
+#[derive(Debug, Default)]
+struct Arena {
+    chunks: Vec<Vec<u32>>,
+    len: usize,
+}
+
+impl Arena {
+    fn clear(&mut self) {
+        self.chunks.truncate(1);
+        if let Some(c) = self.chunks.first_mut() {
+            c.clear();
+        }
+        self.len = 0;
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn push(&mut self, x: u32) {
+        let c = self.len / ARENA_CHUNK;
+        if c == self.chunks.len() {
+            self.chunks.push(Vec::with_capacity(ARENA_CHUNK));
+        }
+        if let Some(ch) = self.chunks.get_mut(c) {
+            ch.push(x);
+            self.len += 1;
+        }
+    }
+
+    fn get(&self, pos: usize) -> Option<u32> {
+        self.chunks
+            .get(pos / ARENA_CHUNK)?
+            .get(pos % ARENA_CHUNK)
+            .copied()
+    }
 }
 
 /// A frame of the first pass.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct IxFrame {
     obj: bool,
     start: u32,
@@ -765,7 +833,7 @@ struct IxFrame {
 }
 
 /// A frame of the second pass.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 enum EmFrame {
     Arr,
     /// Members in body order; `written`: one was written.
@@ -786,7 +854,8 @@ const CACHE_CONTROL: &[u8] = b"cache_control";
 impl Canon {
     /// Bytes of scratch memory held.
     pub fn capacity_bytes(&self) -> usize {
-        (self.members.capacity() + self.blocks.capacity()) * 4 + self.index.capacity() * 8
+        (self.members.capacity() + self.index.capacity() + self.blocks.chunks.len() * ARENA_CHUNK)
+            * 4
     }
 
     /// Write the canonical JSON of the value at `i` (its first byte, after
@@ -804,26 +873,36 @@ impl Canon {
         self.members.clear();
         self.blocks.clear();
         self.index.clear();
-        let (end, ty) = self.index_value(b, i)?;
-        self.index.sort_unstable();
-        self.emit(b, i, out)?;
+        let mut ix = std::mem::take(&mut self.ix);
+        ix.resize(MAX_DEPTH, IxFrame::default());
+        let r = self.index_value(b, i, &mut ix);
+        self.ix = ix;
+        let (end, ty) = r?;
+        let blocks = &self.blocks;
+        self.index
+            .sort_unstable_by_key(|&p| blocks.get(p as usize).unwrap_or(0));
+        let mut em = std::mem::take(&mut self.em);
+        em.resize(MAX_DEPTH, EmFrame::Arr);
+        let r = self.emit(b, i, out, &mut em);
+        self.em = em;
+        r?;
         Ok((end, ty))
     }
 
     /// Record a key at `q` of an open object (validating it); returns the
     /// index of the member's value (after `:`).
     fn key(&mut self, b: &[u8], q: usize) -> Res<usize> {
-        self.members.push(q as u32);
+        push_slow_growth(&mut self.members, q as u32);
         colon(b, decode_str(b, q + 1, true, &mut NoOut)?)
     }
 
     /// First pass: validate, and index the objects to reorder.
-    fn index_value(&mut self, b: &[u8], i: usize) -> Res<(usize, Option<usize>)> {
-        let mut stack = [IxFrame {
-            obj: false,
-            start: 0,
-            base: 0,
-        }; MAX_DEPTH];
+    fn index_value(
+        &mut self,
+        b: &[u8],
+        i: usize,
+        stack: &mut [IxFrame],
+    ) -> Res<(usize, Option<usize>)> {
         let mut d = 0usize;
         let mut ty = None;
         let mut i = i;
@@ -920,52 +999,102 @@ impl Canon {
     /// body's (fewer than two members never need it: a lone `cache_control`
     /// is dropped while writing).
     fn close_object(&mut self, b: &[u8], start: u32, base: usize, end: usize) {
+        const DROPPED: u32 = u32::MAX;
         let Some(ms) = self.members.get_mut(base..) else {
             return;
         };
         if ms.len() >= 2 {
             ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
             // Keep the last of equal keys, drop cache_control.
-            let pos = self.blocks.len();
             let mut in_order = true;
             let mut prev_kept: Option<u32> = None;
             let mut kept = 0u32;
-            self.blocks.extend_from_slice(&[start, end as u32, 0]);
-            let n = ms.len();
-            for k in 0..n {
+            for k in 0..ms.len() {
                 let Some(&off) = ms.get(k) else { break };
                 let dup_next = ms
                     .get(k + 1)
                     .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal);
                 if dup_next || str_is(b, off as usize, CACHE_CONTROL) {
                     in_order = false;
+                    if let Some(m) = ms.get_mut(k) {
+                        *m = DROPPED;
+                    }
                     continue;
                 }
                 if prev_kept.is_some_and(|p| p > off) {
                     in_order = false;
                 }
                 prev_kept = Some(off);
-                self.blocks.push(off);
                 kept += 1;
             }
-            if in_order {
-                self.blocks.truncate(pos);
-            } else {
-                if let Some(c) = self.blocks.get_mut(pos + 2) {
-                    *c = kept;
+            if !in_order {
+                // Block: start; then, if the object is shorter than 64 KiB,
+                // one word of span and count and the key offsets relative to
+                // the start two to a word; else a flag word, end, count and
+                // the offsets as they are.
+                push_slow_growth(&mut self.index, self.blocks.len() as u32);
+                self.blocks.push(start);
+                let span = (end as u32).saturating_sub(start);
+                let keep = ms.iter().filter(|&&o| o != DROPPED);
+                if span <= 0xFFFF && n_kept_fits(kept as usize) {
+                    self.blocks.push(span | kept << 16);
+                    let mut pair: Option<u32> = None;
+                    for &off in keep {
+                        let rel = off.saturating_sub(start);
+                        match pair.take() {
+                            None => pair = Some(rel),
+                            Some(lo) => self.blocks.push(lo | rel << 16),
+                        }
+                    }
+                    if let Some(lo) = pair {
+                        self.blocks.push(lo);
+                    }
+                } else {
+                    self.blocks.push(LARGE);
+                    self.blocks.push(end as u32);
+                    self.blocks.push(kept);
+                    for &off in keep {
+                        self.blocks.push(off);
+                    }
                 }
-                self.index.push((start, pos as u32));
             }
         }
         self.members.truncate(base);
     }
 
+    /// The end (after `}`) and member count of the block at `pos`.
+    fn block_head(&self, pos: u32) -> (u32, u32) {
+        let p = pos as usize;
+        let start = self.blocks.get(p).unwrap_or(0);
+        match self.blocks.get(p + 1).unwrap_or(0) {
+            LARGE => (
+                self.blocks.get(p + 2).unwrap_or(0),
+                self.blocks.get(p + 3).unwrap_or(0),
+            ),
+            w => (start + (w & 0xFFFF), w >> 16),
+        }
+    }
+
+    /// The key offset of member `k` of the block at `pos`.
+    fn block_member(&self, pos: u32, k: u32) -> Option<usize> {
+        let (p, k) = (pos as usize, k as usize);
+        let start = self.blocks.get(p)?;
+        match self.blocks.get(p + 1)? {
+            LARGE => self.blocks.get(p + 4 + k).map(|o| o as usize),
+            _ => {
+                let w = self.blocks.get(p + 2 + k / 2)?;
+                let rel = if k % 2 == 0 { w & 0xFFFF } else { w >> 16 };
+                Some((start + rel) as usize)
+            }
+        }
+    }
+
     fn block_of(&self, start: usize) -> Option<u32> {
-        self.index
-            .binary_search_by_key(&(start as u32), |e| e.0)
-            .ok()
-            .and_then(|k| self.index.get(k))
-            .map(|e| e.1)
+        let k = self
+            .index
+            .binary_search_by_key(&Some(start as u32), |&p| self.blocks.get(p as usize))
+            .ok()?;
+        self.index.get(k).copied()
     }
 
     /// Write `"key":` for the key at `q`; returns the index of its value.
@@ -1017,8 +1146,7 @@ impl Canon {
     }
 
     /// Second pass: write.
-    fn emit<P: Put>(&self, b: &[u8], i: usize, out: &mut P) -> Res<usize> {
-        let mut stack = [EmFrame::Arr; MAX_DEPTH];
+    fn emit<P: Put>(&self, b: &[u8], i: usize, out: &mut P, stack: &mut [EmFrame]) -> Res<usize> {
         let mut d = 0usize;
         let mut i = i;
         loop {
@@ -1071,14 +1199,12 @@ impl Canon {
                     };
                     match self.block_of(i) {
                         Some(pos) => {
-                            let p = pos as usize;
-                            let end = self.blocks.get(p + 1).copied().unwrap_or(0);
-                            let n = self.blocks.get(p + 2).copied().unwrap_or(0);
-                            match self.blocks.get(p + 3) {
-                                Some(&q) if n > 0 => {
+                            let (end, n) = self.block_head(pos);
+                            match self.block_member(pos, 0) {
+                                Some(q) if n > 0 => {
                                     *slot = EmFrame::Block { pos, k: 1, n, end };
                                     d += 1;
-                                    i = Self::put_key(b, q as usize, out)?;
+                                    i = Self::put_key(b, q, out)?;
                                     opened = true;
                                 }
                                 _ => {
@@ -1150,13 +1276,13 @@ impl Canon {
                     }
                     EmFrame::Block { pos, k, n, end } => {
                         if *k < *n {
-                            let q = self.blocks.get(*pos as usize + 3 + *k as usize).copied();
+                            let q = self.block_member(*pos, *k);
                             *k += 1;
                             let Some(q) = q else {
                                 return fail(i, "internal");
                             };
                             out.put(b",");
-                            i = Self::put_key(b, q as usize, out)?;
+                            i = Self::put_key(b, q, out)?;
                             break;
                         }
                         out.put(b"}");
