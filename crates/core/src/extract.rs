@@ -231,6 +231,15 @@ const PART_FIELDS: Fields = Fields {
         _ => None,
     },
 };
+/// The router's former pre-pass struct.
+const PEEK_FIELDS: Fields = Fields {
+    count: 2,
+    id: |k| match k {
+        b"model" => Some(0),
+        b"cache_salt" => Some(1),
+        _ => None,
+    },
+};
 const META_FIELDS: Fields = Fields {
     count: 1,
     id: |k| (k == b"user_id").then_some(0),
@@ -256,6 +265,7 @@ struct Members {
 }
 
 impl Members {
+    #[inline]
     fn open(b: &[u8], i: usize, names: Fields, utf8_known: bool) -> Res<Members> {
         let i = ws(b, i);
         let seq = match b.get(i) {
@@ -280,6 +290,7 @@ impl Members {
     /// The next member: its field (None: not a field of the struct) and
     /// where its value starts (possibly at whitespace). None at the end,
     /// then `self.i` is after the closing bracket.
+    #[inline]
     fn next(&mut self, b: &[u8]) -> Res<Option<(Option<usize>, usize)>> {
         let close = if self.seq { b']' } else { b'}' };
         let mut j = ws(b, self.i);
@@ -332,6 +343,7 @@ fn fail<T>(at: usize, what: &'static str) -> Res<T> {
 
 /// `Option<Cow<str>>`: null, or a string (checked as serde's `parse_str`).
 /// Returns the end and the string's opening quote.
+#[inline]
 fn opt_str(b: &[u8], i: usize, utf8_known: bool) -> Res<(usize, Option<usize>)> {
     let i = ws(b, i);
     match b.get(i) {
@@ -344,6 +356,7 @@ fn opt_str(b: &[u8], i: usize, utf8_known: bool) -> Res<(usize, Option<usize>)> 
 
 /// `Option<&RawValue>`: null, or any value whose bytes are UTF-8. Returns
 /// the end and where the value starts.
+#[inline]
 fn opt_raw(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
     let i = ws(b, i);
     match b.get(i) {
@@ -570,9 +583,41 @@ fn opt_cow(b: &[u8], q: Option<usize>) -> Res<Option<Cow<'_, str>>> {
 /// just these two fields): a `model` that is not a string, even `null`, is
 /// an error; the rest is only checked to be JSON. One pass, no allocation
 /// unless a value has escapes. [`Scan`] gives this and [`extract`] from one
-/// pass.
+/// first pass instead of two.
 pub fn peek_meta(body: &[u8]) -> Result<Meta<'_>, ExtractError> {
-    Scan::new(body).meta()
+    let (model, salt) = peek(body).map_err(perr)?;
+    Ok(Meta {
+        model: opt_cow(body, model).map_err(perr)?.unwrap_or_default(),
+        cache_salt: opt_cow(body, salt).map_err(perr)?,
+    })
+}
+
+/// The pre-pass view alone (everything but `model` and `cache_salt`
+/// skipped as ignored values: cheaper than [`scan`]).
+fn peek(b: &[u8]) -> Res<Peeked> {
+    let mut st = Frames::default();
+    let (mut model, mut salt) = (None, None);
+    let mut m = Members::open(b, 0, PEEK_FIELDS, false)?;
+    while let Some((id, v)) = m.next(b)? {
+        m.i = match id {
+            Some(0) => {
+                let v = ws(b, v);
+                if b.get(v) != Some(&b'"') {
+                    return fail(v, "invalid type: expected a string");
+                }
+                model = Some(v);
+                decode_str(b, v + 1, false, &mut NoOut)?
+            }
+            Some(_) => {
+                let (e, q) = opt_str(b, v, false)?;
+                salt = q;
+                e
+            }
+            None => skip_value(b, v, false, &mut st)?,
+        };
+    }
+    end_of_body(b, m.i)?;
+    Ok((model, salt))
 }
 
 /// Extract `body` (for `api`) into `sink`; returns the request's metadata.
@@ -972,6 +1017,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
     }
 
     /// `RS role US`.
+    #[inline]
     fn header(&mut self, role: Option<usize>) -> Res<()> {
         self.out.put(RS);
         if let Some(q) = role {
@@ -1172,13 +1218,23 @@ impl<S: PromptSink> Em<'_, '_, S> {
     }
 }
 
+/// `h` as 16 lowercase hex digits, most significant first.
 fn hex16(h: u64) -> [u8; 16] {
-    const D: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [b'0'; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        let nib = ((h >> (60 - 4 * i)) & 0xf) as usize;
-        *o = D.get(nib).copied().unwrap_or(b'0');
+    // Each nibble of a 32-bit half into its own byte (nibble k in byte k),
+    // then to ASCII: '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
+    fn half(x: u32) -> [u8; 8] {
+        let mut v = u64::from(x);
+        v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
+        v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
+        v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+        let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+        (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
     }
+    let (hi, lo) = (half((h >> 32) as u32), half(h as u32));
+    let mut out = [0u8; 16];
+    let (a, b) = out.split_at_mut(8);
+    a.copy_from_slice(&hi);
+    b.copy_from_slice(&lo);
     out
 }
 
@@ -1405,6 +1461,27 @@ mod tests {
             extract(Api::ChatCompletions, br#"[1,2]"#, &mut v),
             Err(ExtractError::Parse(_))
         ));
+    }
+
+    #[test]
+    fn hex16_is_lowercase_hex() {
+        for h in [
+            0u64,
+            1,
+            0xdead_beef,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+            0xa0a0_9f9f_0909_fafa,
+        ] {
+            assert_eq!(hex16(h), *format!("{h:016x}").as_bytes());
+        }
+        let mut x = 7u64;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            assert_eq!(hex16(x), *format!("{x:016x}").as_bytes());
+        }
     }
 
     #[test]

@@ -408,47 +408,40 @@ pub fn colon(b: &[u8], i: usize) -> Res<usize> {
     }
 }
 
-/// Open containers of an ignored value, one bit per level (1: object).
+/// Open containers of an ignored value, one bit per level (1: object):
+/// the top 1 to 64 levels in `cur`, the levels below in full words.
 #[derive(Debug, Default)]
 pub struct Frames {
-    inline: [u64; 4],
-    spill: Vec<u64>,
+    cur: u64,
+    words: Vec<u64>,
     len: usize,
 }
 
 impl Frames {
+    #[inline]
     fn push(&mut self, obj: bool) {
-        let (w, bit) = (self.len / 64, self.len % 64);
-        let slot = match self.inline.get_mut(w) {
-            Some(s) => Some(s),
-            None => {
-                let k = w - self.inline.len();
-                if self.spill.len() <= k {
-                    self.spill.resize(k + 1, 0);
-                }
-                self.spill.get_mut(k)
-            }
-        };
-        if let Some(s) = slot {
-            if obj {
-                *s |= 1 << bit;
-            } else {
-                *s &= !(1 << bit);
-            }
+        if self.len == 64 * (self.words.len() + 1) {
+            self.words.push(self.cur);
         }
+        let bit = self.len % 64;
+        self.cur = (self.cur & !(1 << bit)) | (u64::from(obj) << bit);
         self.len += 1;
     }
 
+    #[inline]
+    fn pop(&mut self) {
+        self.len = self.len.saturating_sub(1);
+        if self.len == 64 * self.words.len() && self.len > 0 {
+            self.cur = self.words.pop().unwrap_or(0);
+        }
+    }
+
+    #[inline]
     fn top_is_obj(&self) -> bool {
-        let Some(n) = self.len.checked_sub(1) else {
-            return false;
-        };
-        let (w, bit) = (n / 64, n % 64);
-        let word = match self.inline.get(w) {
-            Some(s) => *s,
-            None => self.spill.get(w - self.inline.len()).copied().unwrap_or(0),
-        };
-        word & (1 << bit) != 0
+        match self.len.checked_sub(1) {
+            Some(n) => self.cur >> (n % 64) & 1 != 0,
+            None => false,
+        }
     }
 }
 
@@ -513,11 +506,11 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
                 }
                 Some(b']') if !obj => {
                     i += 1;
-                    st.len -= 1;
+                    st.pop();
                 }
                 Some(b'}') if obj => {
                     i += 1;
-                    st.len -= 1;
+                    st.pop();
                 }
                 Some(_) => return fail(i, "expected `,` or end of container"),
                 None => return fail(i, "EOF while parsing a container"),
@@ -754,15 +747,21 @@ fn put_number<P: Put>(tok: &[u8], at: usize, out: &mut P) -> Res<()> {
 /// at most a few bytes per object member of the value.
 #[derive(Debug, Default)]
 pub struct Canon {
+    tape: Tape,
+    /// The two passes' stacks (kept to spare their initialization per value).
+    ix: Vec<IxFrame>,
+    em: Vec<EmFrame>,
+}
+
+/// The first pass's record: which objects to write in another order.
+#[derive(Debug, Default)]
+struct Tape {
     /// Key offsets of the members of the open objects (first pass).
     members: Vec<u32>,
     /// Per reordered object: start, end, member count, key offsets.
     blocks: Arena,
     /// Block positions, sorted by object start.
     index: Vec<u32>,
-    /// The two passes' stacks (kept to spare their initialization per value).
-    ix: Vec<IxFrame>,
-    em: Vec<EmFrame>,
 }
 
 const ARENA_CHUNK: usize = 4096;
@@ -854,8 +853,8 @@ const CACHE_CONTROL: &[u8] = b"cache_control";
 impl Canon {
     /// Bytes of scratch memory held.
     pub fn capacity_bytes(&self) -> usize {
-        (self.members.capacity() + self.index.capacity() + self.blocks.chunks.len() * ARENA_CHUNK)
-            * 4
+        let t = &self.tape;
+        (t.members.capacity() + t.index.capacity() + t.blocks.chunks.len() * ARENA_CHUNK) * 4
     }
 
     /// Write the canonical JSON of the value at `i` (its first byte, after
@@ -870,25 +869,60 @@ impl Canon {
         if b.len() > u32::MAX as usize {
             return fail(0, "body too large");
         }
-        self.members.clear();
-        self.blocks.clear();
-        self.index.clear();
-        let mut ix = std::mem::take(&mut self.ix);
-        ix.resize(MAX_DEPTH, IxFrame::default());
-        let r = self.index_value(b, i, &mut ix);
-        self.ix = ix;
-        let (end, ty) = r?;
-        let blocks = &self.blocks;
-        self.index
+        if !matches!(b.get(i), Some(b'[' | b'{')) {
+            return Ok((scalar(b, i, out)?, None));
+        }
+        let Canon { tape, ix, em } = self;
+        tape.members.clear();
+        tape.blocks.clear();
+        tape.index.clear();
+        if ix.len() < MAX_DEPTH {
+            ix.resize(MAX_DEPTH, IxFrame::default());
+        }
+        let (end, ty) = tape.index_value(b, i, ix)?;
+        let blocks = &tape.blocks;
+        tape.index
             .sort_unstable_by_key(|&p| blocks.get(p as usize).unwrap_or(0));
-        let mut em = std::mem::take(&mut self.em);
-        em.resize(MAX_DEPTH, EmFrame::Arr);
-        let r = self.emit(b, i, out, &mut em);
-        self.em = em;
-        r?;
+        if em.len() < MAX_DEPTH {
+            em.resize(MAX_DEPTH, EmFrame::Arr);
+        }
+        tape.emit(b, i, out, em)?;
         Ok((end, ty))
     }
+}
 
+/// Canonical JSON of the scalar at `i` (checked as serde parses it).
+fn scalar<P: Put>(b: &[u8], i: usize, out: &mut P) -> Res<usize> {
+    match b.get(i) {
+        Some(b'"') => {
+            out.put(b"\"");
+            let j = decode_str(b, i + 1, true, &mut Escaper(out))?;
+            out.put(b"\"");
+            Ok(j)
+        }
+        Some(b'-' | b'0'..=b'9') => {
+            let j = skip_number(b, i)?;
+            put_number(b.get(i..j).unwrap_or(&[]), i, out)?;
+            Ok(j)
+        }
+        Some(b'n') => {
+            out.put(b"null");
+            skip_lit(b, i, b"null")
+        }
+        Some(b't') => {
+            out.put(b"true");
+            skip_lit(b, i, b"true")
+        }
+        Some(b'f') => {
+            out.put(b"false");
+            skip_lit(b, i, b"false")
+        }
+        Some(_) => fail(i, "expected value"),
+        None => fail(i, "EOF while parsing a value"),
+    }
+}
+
+impl Tape {
     /// Record a key at `q` of an open object (validating it); returns the
     /// index of the member's value (after `:`).
     fn key(&mut self, b: &[u8], q: usize) -> Res<usize> {
@@ -1291,6 +1325,65 @@ impl Canon {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The bit stack behaves as a stack of booleans.
+        #[test]
+        fn frames_is_a_stack(ops in proptest::collection::vec(0u8..3, 0..2000)) {
+            let mut f = Frames::default();
+            let mut model: Vec<bool> = Vec::new();
+            for op in ops {
+                match op {
+                    0 | 1 => {
+                        f.push(op == 1);
+                        model.push(op == 1);
+                    }
+                    _ => {
+                        f.pop();
+                        model.pop();
+                    }
+                }
+                prop_assert_eq!(f.len, model.len());
+                prop_assert_eq!(f.top_is_obj(), model.last().copied().unwrap_or(false));
+            }
+        }
+
+        /// The string scanner stops where a bytewise scan stops.
+        #[test]
+        fn scan_special_matches_bytewise(data in proptest::collection::vec(
+            prop_oneof![Just(b'a'), Just(b'"'), Just(b'\\'), Just(0x1f), Just(0x20), Just(0x7f), Just(0x80), Just(0xff), any::<u8>()],
+            0..100), start in 0usize..100) {
+            let start = start.min(data.len());
+            let (j, hi) = scan_special(&data, start);
+            let want = data[start..].iter().position(|&c| c == b'"' || c == b'\\' || c < 0x20).map_or(data.len(), |p| start + p);
+            prop_assert_eq!(j, want);
+            if data[start..j].iter().any(|&c| c >= 0x80) {
+                prop_assert!(hi);
+            }
+        }
+    }
+
+    #[test]
+    fn streaming_part_hash_equals_one_shot() {
+        for n in [0usize, 1, 16, 17, 128, 129, 239, 240, 241, 1000, 5000] {
+            let data: Vec<u8> = (0..n).map(|i| (i * 7 % 251) as u8).collect();
+            let mut h = xxhash_rust::xxh3::Xxh3::with_seed(crate::hash::PART_SEED);
+            for c in data.chunks(37) {
+                h.update(c);
+            }
+            assert_eq!(
+                h.digest(),
+                crate::hash::hash(&data, crate::hash::PART_SEED),
+                "{n}"
+            );
         }
     }
 }

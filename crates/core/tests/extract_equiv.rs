@@ -127,6 +127,28 @@ fn check(api: Api, body: &[u8]) -> Out {
         "api {api:?} body {:?}",
         String::from_utf8_lossy(body)
     );
+    let scan = extract::Scan::new(body);
+    assert_eq!(
+        scan.meta()
+            .map(|m| (m.model.into_owned(), m.cache_salt.map(|s| s.into_owned())))
+            .map_err(|_| ()),
+        peek_new(body),
+        "Scan::meta, body {:?}",
+        String::from_utf8_lossy(body)
+    );
+    let mut r = Rec::default();
+    let via_scan = match scan.extract(api, &mut r) {
+        Ok(m) => Out::Ok {
+            bytes: r.bytes,
+            anchor: r.anchor,
+            model: m.model.into_owned(),
+            user: m.user.map(|u| u.into_owned()),
+            salt: m.cache_salt.map(|u| u.into_owned()),
+        },
+        Err(ExtractError::Parse(_)) => Out::Parse,
+        Err(ExtractError::EmptyPrompt) => Out::Empty,
+    };
+    assert_eq!(via_scan, new, "Scan::extract");
     assert_eq!(
         peek_new(body),
         reference::peek_meta(body),

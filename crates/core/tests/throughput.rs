@@ -38,6 +38,17 @@ fn key_path(body: &[u8], new: bool) -> u64 {
     s.key()
 }
 
+/// The same through one [`extract::Scan`] (the router with `Scan` instead
+/// of `peek_meta` + `extract`).
+fn scan_path(body: &[u8]) -> u64 {
+    let scan = extract::Scan::new(body);
+    let model = scan.meta().unwrap().model;
+    let seed = hash::model_seed(model.as_bytes(), None);
+    let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
+    scan.extract(Api::ChatCompletions, &mut s).unwrap();
+    s.key()
+}
+
 /// Best time per call in seconds over `batches` batches of ~5 ms.
 fn best(mut f: impl FnMut() -> u64, batches: usize) -> f64 {
     let t = Instant::now();
@@ -70,19 +81,21 @@ fn probe() {
             .map(|(n, b)| (n.to_string(), b)),
     );
     println!(
-        "{:<28} {:>9} {:>10} {:>10} {:>10} {:>10}",
-        "body", "bytes", "new µs", "new MB/s", "serde µs", "serde MB/s"
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "body", "bytes", "new µs", "MB/s", "scan µs", "MB/s", "serde µs", "MB/s"
     );
+    let batches = std::env::var("PROBE_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     for (name, body) in &cases {
         if !name.contains(&only) {
             continue;
         }
         assert_eq!(key_path(body, true), key_path(body, false), "{name}");
-        let batches = std::env::var("PROBE_BATCHES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(30);
+        assert_eq!(key_path(body, true), scan_path(body), "{name}");
         let n = best(|| key_path(black_box(body), true), batches);
+        let sc = best(|| scan_path(black_box(body)), batches);
         let o = if serde {
             best(|| key_path(black_box(body), false), 10)
         } else {
@@ -90,10 +103,12 @@ fn probe() {
         };
         let mb = |t: f64| body.len() as f64 / t / 1e6;
         println!(
-            "{name:<28} {:>9} {:>10.1} {:>10.0} {:>10.1} {:>10.0}",
+            "{name:<28} {:>9} {:>9.1} {:>9.0} {:>9.1} {:>9.0} {:>9.1} {:>9.0}",
             body.len(),
             n * 1e6,
             mb(n),
+            sc * 1e6,
+            mb(sc),
             o * 1e6,
             mb(o)
         );
