@@ -676,6 +676,7 @@ impl<'a> Scan<'a> {
             },
             canon: Canon::default(),
             part: PartHasher::new(),
+            memo: Memo::new(),
             wrote: 0,
             anchored: false,
         };
@@ -819,12 +820,80 @@ impl Put for PartHasher {
     }
 }
 
+/// `GS part GS hex`.
+fn marker_part(hex: &[u8; 16]) -> [u8; 22] {
+    let mut m = [0u8; 22];
+    let src = GS.iter().chain(b"part").chain(GS).chain(hex.iter());
+    for (d, s) in m.iter_mut().zip(src) {
+        *d = *s;
+    }
+    m
+}
+
+/// If the value at `i` is at most 7 bytes long (found without checking
+/// it): its bytes and length as a key, and its end.
+fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
+    let end = match b.get(i)? {
+        b'-' | b'0'..=b'9' => skip_number(b, i).ok()?,
+        b'"' => {
+            let (j, _) = scan_special(b, i + 1);
+            (b.get(j) == Some(&b'"')).then_some(j + 1)?
+        }
+        b'{' | b'[' => {
+            let j = ws(b, i + 1);
+            matches!(b.get(j), Some(b'}' | b']')).then_some(j + 1)?
+        }
+        b't' | b'n' => i + 4,
+        b'f' => i + 5,
+        _ => return None,
+    };
+    let raw = b.get(i..end)?;
+    if raw.len() > 7 {
+        return None;
+    }
+    let mut k = [0u8; 8];
+    k.get_mut(..raw.len())?.copy_from_slice(raw);
+    *k.last_mut()? = raw.len() as u8;
+    Some((u64::from_le_bytes(k), end))
+}
+
+/// Markers of short values by their bytes (direct-mapped, 64 entries).
+struct Memo {
+    keys: [u64; 64],
+    hex: [[u8; 16]; 64],
+}
+
+impl Memo {
+    fn new() -> Self {
+        // Key 0 is no value's key (its length byte would be 0).
+        Memo {
+            keys: [0; 64],
+            hex: [[0; 16]; 64],
+        }
+    }
+    fn slot(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
+    }
+    fn get(&self, key: u64) -> Option<[u8; 16]> {
+        let s = Self::slot(key);
+        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s).copied())?
+    }
+    fn put(&mut self, key: u64, hex: [u8; 16]) {
+        let s = Self::slot(key);
+        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
+            *k = key;
+            *h = hex;
+        }
+    }
+}
+
 /// The second pass: writes the stream.
 struct Em<'b, 's, S: PromptSink> {
     b: &'b [u8],
     out: Out<'s, S>,
     canon: Canon,
     part: PartHasher,
+    memo: Memo,
     /// Number of records with content written.
     wrote: usize,
     anchored: bool,
@@ -1106,17 +1175,35 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// `GS type GS hex(xxh3(canonical json))` for the non-text value at `i`.
     fn marker(&mut self, i: usize) -> Res<usize> {
         let b = self.b;
+        // A value of at most 7 bytes (a number, a short string, `{}`...) has
+        // no `type` key, and the same bytes give the same marker: memoized,
+        // so repeating one small part costs a lookup.
+        let short = short_value(b, i);
+        if let Some((key, end)) = short {
+            if let Some(hex) = self.memo.get(key) {
+                self.out.put(&marker_part(&hex));
+                return Ok(end);
+            }
+        }
         self.part.reset();
         let (end, ty) = self.canon.write(b, i, &mut self.part)?;
-        self.out.put(GS);
+        let hex = hex16(self.part.finish());
         match ty {
             Some(t) if b.get(t) == Some(&b'"') => {
+                self.out.put(GS);
                 decode_str(b, t + 1, true, &mut self.out)?;
+                self.out.put(GS);
+                self.out.put(&hex);
             }
-            _ => self.out.put(b"part"),
+            _ => {
+                self.out.put(&marker_part(&hex));
+                if let Some((key, e)) = short {
+                    if e == end {
+                        self.memo.put(key, hex);
+                    }
+                }
+            }
         }
-        self.out.put(GS);
-        self.out.put(&hex16(self.part.finish()));
         Ok(end)
     }
 

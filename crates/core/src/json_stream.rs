@@ -257,13 +257,6 @@ impl StrOut for Vec<u8> {
     }
 }
 
-fn utf8_of(c: u32, buf: &mut [u8; 4]) -> &[u8] {
-    match char::from_u32(c) {
-        Some(ch) => ch.encode_utf8(buf).as_bytes(),
-        None => &[],
-    }
-}
-
 /// Decode the rest of a string (`i` just after the opening quote) into
 /// `out`, as serde's `parse_str` (surrogates must pair; with `utf8_known`
 /// false its bytes must be UTF-8). Returns the index after the closing quote.
@@ -288,30 +281,42 @@ pub fn decode_str<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) 
     }
 }
 
-/// One escape (`i` just after the backslash); returns the index after it.
+/// One escape (`i` just after the backslash), written to `out`; returns
+/// the index after it.
+#[inline]
 fn decode_escape<O: StrOut>(b: &[u8], i: usize, out: &mut O) -> Res<usize> {
+    let (c, j) = escape_char(b, i)?;
+    let mut buf = [0u8; 4];
+    out.esc(c.encode_utf8(&mut buf).as_bytes());
+    Ok(j)
+}
+
+/// The character of one escape (`i` just after the backslash), as serde's
+/// `parse_escape` with surrogates required to pair; and the index after it.
+fn escape_char(b: &[u8], i: usize) -> Res<(char, usize)> {
     let c = match b.get(i) {
         Some(c) => *c,
         None => return fail(i, "EOF while parsing a string"),
     };
     let one = match c {
-        b'"' => b'"',
-        b'\\' => b'\\',
-        b'/' => b'/',
-        b'b' => 0x08,
-        b'f' => 0x0c,
-        b'n' => b'\n',
-        b'r' => b'\r',
-        b't' => b'\t',
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
         b'u' => {
             let (n, j) = hex4(b, i + 1)?;
-            let mut buf = [0u8; 4];
             if (0xDC00..=0xDFFF).contains(&n) {
                 return fail(j, "lone leading surrogate in hex escape");
             }
             if !(0xD800..=0xDBFF).contains(&n) {
-                out.esc(utf8_of(u32::from(n), &mut buf));
-                return Ok(j);
+                return match char::from_u32(u32::from(n)) {
+                    Some(c) => Ok((c, j)),
+                    None => fail(j, "invalid escape"),
+                };
             }
             match b.get(j) {
                 Some(b'\\') => {}
@@ -328,13 +333,14 @@ fn decode_escape<O: StrOut>(b: &[u8], i: usize, out: &mut O) -> Res<usize> {
                 return fail(k, "lone leading surrogate in hex escape");
             }
             let c = ((u32::from(n - 0xD800) << 10) | u32::from(n2 - 0xDC00)) + 0x1_0000;
-            out.esc(utf8_of(c, &mut buf));
-            return Ok(k);
+            return match char::from_u32(c) {
+                Some(c) => Ok((c, k)),
+                None => fail(k, "invalid escape"),
+            };
         }
         _ => return fail(i, "invalid escape"),
     };
-    out.esc(&[one]);
-    Ok(i + 1)
+    Ok((one, i + 1))
 }
 
 /// Skip a number starting at `i` (`-` or a digit), by JSON's grammar.
@@ -601,23 +607,16 @@ impl Iterator for StrBytes<'_> {
         }
         match self.b.get(self.i) {
             None | Some(b'"') => None,
-            Some(b'\\') => {
-                let mut one = SmallOut::new();
-                match decode_escape(self.b, self.i + 1, &mut one) {
-                    Ok(j) => {
-                        self.i = j;
-                        let got = one.get().unwrap_or(&[]);
-                        let n = got.len().min(4);
-                        if let (Some(d), Some(s)) = (self.pend.get_mut(..n), got.get(..n)) {
-                            d.copy_from_slice(s);
-                        }
-                        self.plen = n as u8;
-                        self.pidx = 0;
-                        self.next()
-                    }
-                    Err(_) => None,
+            Some(b'\\') => match escape_char(self.b, self.i + 1) {
+                Ok((c, j)) => {
+                    self.i = j;
+                    let n = c.encode_utf8(&mut self.pend).len();
+                    self.plen = n as u8;
+                    self.pidx = 0;
+                    self.next()
                 }
-            }
+                Err(_) => None,
+            },
             Some(&c) => {
                 self.i += 1;
                 Some(c)
@@ -666,8 +665,8 @@ impl Put for Vec<u8> {
 }
 
 /// Re-escapes a decoded string as serde_json's serializer does.
-struct Escaper<'p, P: Put>(&'p mut P);
-impl<P: Put> StrOut for Escaper<'_, P> {
+struct Escaper<'p>(&'p mut dyn Put);
+impl StrOut for Escaper<'_> {
     #[inline]
     fn raw(&mut self, seg: &[u8]) {
         self.0.put(seg);
@@ -720,7 +719,7 @@ fn number_value(tok: &[u8], at: usize) -> Res<serde_json::Number> {
 }
 
 /// Write a number token as serde_json prints its parsed value.
-fn put_number<P: Put>(tok: &[u8], at: usize, out: &mut P) -> Res<()> {
+fn put_number(tok: &[u8], at: usize, out: &mut dyn Put) -> Res<()> {
     if number_is_plain(tok) {
         out.put(tok);
         return Ok(());
@@ -869,6 +868,7 @@ impl Canon {
         if b.len() > u32::MAX as usize {
             return fail(0, "body too large");
         }
+        let out: &mut dyn Put = out;
         if !matches!(b.get(i), Some(b'[' | b'{')) {
             return Ok((scalar(b, i, out)?, None));
         }
@@ -892,7 +892,7 @@ impl Canon {
 }
 
 /// Canonical JSON of the scalar at `i` (checked as serde parses it).
-fn scalar<P: Put>(b: &[u8], i: usize, out: &mut P) -> Res<usize> {
+fn scalar(b: &[u8], i: usize, out: &mut dyn Put) -> Res<usize> {
     match b.get(i) {
         Some(b'"') => {
             out.put(b"\"");
@@ -1132,7 +1132,7 @@ impl Tape {
     }
 
     /// Write `"key":` for the key at `q`; returns the index of its value.
-    fn put_key<P: Put>(b: &[u8], q: usize, out: &mut P) -> Res<usize> {
+    fn put_key(b: &[u8], q: usize, out: &mut dyn Put) -> Res<usize> {
         out.put(b"\"");
         let j = decode_str(b, q + 1, true, &mut Escaper(out))?;
         out.put(b"\":");
@@ -1143,12 +1143,12 @@ impl Tape {
     /// after a member's value. Writes `,` (if a member was `written`) and
     /// `"key":`, and returns the index of the member's value; or None at `}`
     /// (then `i` is after it). Skips `cache_control` members.
-    fn next_streamed<P: Put>(
+    fn next_streamed(
         b: &[u8],
         i: &mut usize,
         at_start: bool,
         written: &mut bool,
-        out: &mut P,
+        out: &mut dyn Put,
     ) -> Res<Option<usize>> {
         let mut at_start = at_start;
         loop {
@@ -1180,7 +1180,7 @@ impl Tape {
     }
 
     /// Second pass: write.
-    fn emit<P: Put>(&self, b: &[u8], i: usize, out: &mut P, stack: &mut [EmFrame]) -> Res<usize> {
+    fn emit(&self, b: &[u8], i: usize, out: &mut dyn Put, stack: &mut [EmFrame]) -> Res<usize> {
         let mut d = 0usize;
         let mut i = i;
         loop {

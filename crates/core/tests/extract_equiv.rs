@@ -525,3 +525,53 @@ fn large_bodies() {
     );
     check_all(parts.as_bytes());
 }
+
+/// Many repeated short non-text parts (the extractor memoizes their
+/// markers by their bytes), in every spelling that canonicalizes alike.
+#[test]
+fn repeated_short_parts() {
+    let vals = [
+        "0",
+        "-0",
+        "1e2",
+        "100",
+        "1.0",
+        "\"a\"",
+        "\"\"",
+        "{}",
+        "{ }",
+        "[]",
+        "[ ]",
+        "true",
+        "null",
+        "false",
+        "\"é\"",
+        "[0]",
+        "[0,1]",
+        "{\"a\":1}",
+        "-1.5e-3",
+        "1e400",
+        "\"\\u0041\"",
+        "[{}]",
+    ];
+    let mut r = Rng(5);
+    for _ in 0..300 {
+        let n = 1 + r.below(40);
+        let parts: Vec<&str> = (0..n)
+            .map(|_| {
+                let v = *r.pick(&vals);
+                if v == "1e400" && r.pct(90) {
+                    "1"
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":[{}]}},{{"role":"user","content":[{}]}}]}}"#,
+            parts.join(","),
+            parts.join(" , ")
+        );
+        check_all(body.as_bytes());
+    }
+}
