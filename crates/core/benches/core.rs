@@ -81,6 +81,17 @@ fn key_path(body: &[u8], new: bool, stride: Option<u32>) -> Option<u64> {
     ok.then(|| sink.key() ^ sink.chain_history().len() as u64)
 }
 
+/// The key path through one [`extract::Scan`] (the router with `Scan`
+/// instead of `peek_meta` + `extract`), with the strided chain.
+fn scan_path(body: &[u8]) -> Option<u64> {
+    let scan = extract::Scan::new(body);
+    let m = scan.meta().ok()?;
+    let seed = hash::model_seed(m.model.as_bytes(), None);
+    let mut sink = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
+    scan.extract(Api::ChatCompletions, &mut sink).ok()?;
+    Some(sink.key() ^ sink.chain_history().len() as u64)
+}
+
 /// Counts bytes only (the extractor alone, without hashing).
 struct Null(u64);
 impl PromptSink for Null {
@@ -124,6 +135,11 @@ fn bench_extract(c: &mut Criterion) {
                 |b, body| b.iter(|| key_path(black_box(body), new, None)),
             );
         }
+        g.bench_with_input(
+            BenchmarkId::new(format!("{name}/chain/scan"), body.len()),
+            body,
+            |b, body| b.iter(|| scan_path(black_box(body))),
+        );
         g.bench_with_input(
             BenchmarkId::new(format!("{name}/extract_only/new"), body.len()),
             body,

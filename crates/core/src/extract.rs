@@ -822,10 +822,11 @@ impl Put for PartHasher {
 
 /// `GS part GS hex`.
 fn marker_part(hex: &[u8; 16]) -> [u8; 22] {
-    let mut m = [0u8; 22];
-    let src = GS.iter().chain(b"part").chain(GS).chain(hex.iter());
-    for (d, s) in m.iter_mut().zip(src) {
-        *d = *s;
+    let mut m = [
+        0x1D, b'p', b'a', b'r', b't', 0x1D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    if let Some(t) = m.get_mut(6..) {
+        t.copy_from_slice(hex);
     }
     m
 }
@@ -851,10 +852,10 @@ fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     if raw.len() > 7 {
         return None;
     }
-    let mut k = [0u8; 8];
-    k.get_mut(..raw.len())?.copy_from_slice(raw);
-    *k.last_mut()? = raw.len() as u8;
-    Some((u64::from_le_bytes(k), end))
+    let key = raw
+        .iter()
+        .fold(raw.len() as u64, |k, &c| k << 8 | u64::from(c));
+    Some((key, end))
 }
 
 /// Markers of short values by their bytes (direct-mapped, 64 entries).
@@ -865,7 +866,7 @@ struct Memo {
 
 impl Memo {
     fn new() -> Self {
-        // Key 0 is no value's key (its length byte would be 0).
+        // Key 0 is no value's key (it holds the length above the bytes).
         Memo {
             keys: [0; 64],
             hex: [[0; 16]; 64],
