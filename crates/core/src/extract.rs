@@ -32,22 +32,31 @@
 //!
 //! ## Cost
 //! No tree: [`extract`] walks the body twice with the byte-level scanner of
-//! [`crate::json_stream`]. The first pass checks the whole body exactly as
-//! the former `serde_json` extractor did (same accepted bodies, same parse
-//! errors) and notes where each top-level field starts; the second walks the
-//! fields this API routes on in canonical order (so `tools` after `messages`
-//! still comes first) and writes text straight from the body into the sink
-//! (escapes decoded on the fly, small writes batched in a 512-byte buffer).
-//! A value is walked again only when its place in the stream is decided by a
-//! later field (a message whose `role` follows its `content`, a part whose
-//! `type` follows its `text`) or when it is hashed as canonical JSON.
-//! Memory: no allocation per element; a one-bit-per-level stack for
-//! arbitrarily deep ignored values, and for canonical JSON a few bytes per
-//! member of each object whose keys must be reordered. Time: O(body bytes),
-//! plus O(m log m) key comparisons for an object of m members.
+//! [`crate::json_stream`]. The first pass ([`Scan`]) checks the whole body
+//! exactly as the former `serde_json` extractor did (same accepted bodies,
+//! same kind of error) and notes where each top-level field starts; the
+//! second walks the fields this API routes on in canonical order (so
+//! `tools` after `messages` still comes first) and writes text straight from
+//! the body into the sink (escapes decoded on the fly, small writes batched
+//! in a 512-byte buffer). A value is walked again only when its place in
+//! the stream is decided by a later field (a message whose `role` follows
+//! its `content`, a part whose `type` follows its `text`) or when it is
+//! hashed as canonical JSON. [`peek_meta`] is a separate, lighter first pass
+//! (the router's); [`Scan`] serves both from one.
 //!
-//! Equivalence (bytes, anchor, metadata and error kind) is
-//! tested against the former serde extractor, kept in `tests/reference/`.
+//! Memory: no allocation per element. A one-bit-per-level stack for
+//! arbitrarily deep ignored values, and for canonical JSON (tools, tool
+//! calls, non-text parts) about 8 bytes per object whose keys must be
+//! reordered plus 2 per such member: at most 1.2x the body's bytes, measured
+//! (`tests/memory.rs`). Time: O(body bytes), plus O(m log m) key comparisons
+//! for an object of m members. Element-heavy bodies still cost more per
+//! byte than text (a few ns per element, and each non-text part is hashed
+//! and adds 22 bytes to the stream; markers of values of at most 7 bytes
+//! are memoized by their bytes).
+//!
+//! Equivalence (bytes, anchor, metadata and error kind) is tested against
+//! the former serde extractor, kept in `tests/reference/`
+//! (`tests/extract_equiv.rs`).
 
 use std::borrow::Cow;
 
@@ -1132,12 +1141,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
         if b.get(i) != Some(&b'{') {
             return self.marker(i);
         }
-        let is_text = |q: Option<usize>| {
-            q.is_none_or(|q| {
-                str_is(b, q, b"text") || str_is(b, q, b"input_text") || str_is(b, q, b"output_text")
-            })
-        };
-        let (mut kind, mut kind_seen) = (None, false);
+        // Whether the part's type (absent or null counts) is a text type.
+        let (mut text_kind, mut kind_seen) = (true, false);
         let (mut text, mut streamed) = (None, false);
         let mut m = Members::open(b, i, PART_FIELDS, true)?;
         while let Some((id, v)) = m.next(b)? {
@@ -1146,10 +1151,14 @@ impl<S: PromptSink> Em<'_, '_, S> {
                 Some(0) => {
                     kind_seen = true;
                     let (e, q) = opt_str(b, v, true)?;
-                    kind = q;
+                    text_kind = q.is_none_or(|q| {
+                        str_is(b, q, b"text")
+                            || str_is(b, q, b"input_text")
+                            || str_is(b, q, b"output_text")
+                    });
                     e
                 }
-                Some(_) if kind_seen && is_text(kind) && b.get(v) == Some(&b'"') => {
+                Some(_) if kind_seen && text_kind && b.get(v) == Some(&b'"') => {
                     text = Some(v);
                     streamed = true;
                     decode_str(b, v + 1, true, &mut self.out)?
@@ -1163,7 +1172,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
             };
         }
         match text {
-            Some(q) if is_text(kind) => {
+            Some(q) if text_kind => {
                 if !streamed {
                     decode_str(b, q + 1, true, &mut self.out)?;
                 }
