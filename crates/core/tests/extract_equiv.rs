@@ -370,7 +370,11 @@ fn nesting_depth() {
 // ------------------------------------------------------------- generated
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 6000, ..ProptestConfig::default() })]
+    // 6000 cases each by default; PROPTEST_CASES=n for more.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(6000),
+        ..ProptestConfig::default()
+    })]
 
     /// Generated bodies for every API (clean and with deliberate mistakes),
     /// each also under a few random edits.
