@@ -578,16 +578,6 @@ pub fn fast_skip(b: &[u8], i: usize) -> Res<usize> {
     }
 }
 
-/// The raw bytes of the string starting at `q` (its opening quote) if it has
-/// no escape.
-fn plain_str(b: &[u8], q: usize) -> Option<&[u8]> {
-    let (j, _) = scan_special(b, q + 1);
-    match b.get(j) {
-        Some(b'"') => b.get(q + 1..j),
-        _ => None,
-    }
-}
-
 /// Decoded bytes of a (validated) string starting at its opening quote.
 struct StrBytes<'b> {
     b: &'b [u8],
@@ -638,17 +628,44 @@ fn str_bytes(b: &[u8], q: usize) -> StrBytes<'_> {
 /// Compare two (validated) strings by their decoded bytes, as `String`'s
 /// order; `x` and `y` are the offsets of their opening quotes.
 pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
-    match (plain_str(b, x), plain_str(b, y)) {
-        (Some(p), Some(q)) => p.cmp(q),
-        _ => str_bytes(b, x).cmp(str_bytes(b, y)),
+    // Byte by byte while neither has an escape: equal so far means equal
+    // decoded bytes so far; a closing quote ends the shorter string.
+    let (mut p, mut q) = (x + 1, y + 1);
+    while let (Some(&c), Some(&d)) = (b.get(p), b.get(q)) {
+        if c == b'\\' || d == b'\\' {
+            break;
+        }
+        if c != d {
+            return match (c, d) {
+                (b'"', _) => Ordering::Less,
+                (_, b'"') => Ordering::Greater,
+                _ => c.cmp(&d),
+            };
+        }
+        if c == b'"' {
+            return Ordering::Equal;
+        }
+        p += 1;
+        q += 1;
     }
+    str_bytes(b, x).cmp(str_bytes(b, y))
 }
 
-/// Whether the (validated) string at `q` decodes to `lit`.
+/// Whether the (validated) string at `q` decodes to `lit` (which has no
+/// `"` or `\`).
 pub fn str_is(b: &[u8], q: usize, lit: &[u8]) -> bool {
-    match plain_str(b, q) {
-        Some(p) => p == lit,
-        None => str_bytes(b, q).eq(lit.iter().copied()),
+    let mut p = q + 1;
+    for &l in lit {
+        match b.get(p) {
+            Some(b'\\') => return str_bytes(b, q).eq(lit.iter().copied()),
+            Some(&c) if c == l => p += 1,
+            _ => return false,
+        }
+    }
+    match b.get(p) {
+        Some(b'"') => true,
+        Some(b'\\') => str_bytes(b, q).eq(lit.iter().copied()),
+        _ => false,
     }
 }
 
@@ -761,6 +778,8 @@ struct Tape {
     blocks: Arena,
     /// Block positions, sorted by object start.
     index: Vec<u32>,
+    /// Where in `index` the last lookup found its block.
+    hint: std::cell::Cell<usize>,
 }
 
 const ARENA_CHUNK: usize = 4096;
@@ -876,6 +895,7 @@ impl Canon {
         tape.members.clear();
         tape.blocks.clear();
         tape.index.clear();
+        tape.hint.set(0);
         if ix.len() < MAX_DEPTH {
             ix.resize(MAX_DEPTH, IxFrame::default());
         }
@@ -1124,10 +1144,26 @@ impl Tape {
     }
 
     fn block_of(&self, start: usize) -> Option<u32> {
+        let at = |k: usize| {
+            self.index
+                .get(k)
+                .filter(|&&p| self.blocks.get(p as usize) == Some(start as u32))
+                .copied()
+        };
+        // Objects in an array are met in the order of the index.
+        let h = self.hint.get();
+        if let Some(p) = at(h + 1) {
+            self.hint.set(h + 1);
+            return Some(p);
+        }
+        if let Some(p) = at(h) {
+            return Some(p);
+        }
         let k = self
             .index
             .binary_search_by_key(&Some(start as u32), |&p| self.blocks.get(p as usize))
             .ok()?;
+        self.hint.set(k);
         self.index.get(k).copied()
     }
 
@@ -1368,6 +1404,49 @@ mod tests {
             if data[start..j].iter().any(|&c| c >= 0x80) {
                 prop_assert!(hi);
             }
+        }
+    }
+
+    fn json_str() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just("a"),
+                Just("b"),
+                Just("!"),
+                Just(" "),
+                Just("~"),
+                Just("é"),
+                Just("\\u0061"),
+                Just("\\\""),
+                Just("\\n"),
+                Just("\\u00e9"),
+                Just("\\ud83d\\ude00"),
+                Just("😀"),
+                Just("cache_control"),
+                Just("cache\\u005fcontrol")
+            ],
+            0..5,
+        )
+        .prop_map(|v| format!("\"{}\"", v.concat()))
+    }
+
+    proptest! {
+        /// Comparing strings in place agrees with comparing their decoded
+        /// bytes.
+        #[test]
+        fn cmp_str_and_str_is_decode(x in json_str(), y in json_str()) {
+            let body = format!("{x}{y}");
+            let b = body.as_bytes();
+            let dec = |q: usize| {
+                let mut v = Vec::new();
+                decode_str(b, q + 1, true, &mut v).map(|_| v)
+            };
+            let (Ok(dx), Ok(dy)) = (dec(0), dec(x.len())) else {
+                return Ok(());
+            };
+            prop_assert_eq!(cmp_str(b, 0, x.len()), dx.cmp(&dy));
+            prop_assert_eq!(str_is(b, 0, b"cache_control"), dx == b"cache_control");
+            prop_assert_eq!(str_is(b, x.len(), b"a"), dy == b"a");
         }
     }
 
