@@ -5,8 +5,16 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)]
 
+#[path = "../tests/bodies/mod.rs"]
+mod bodies;
+#[path = "../tests/reference/mod.rs"]
+mod reference;
+
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use prefix_router_core::extract::Api;
+use prefix_router_core::config::KeyMode;
+use prefix_router_core::extract::{self, Api, PromptSink};
+use prefix_router_core::hash;
+use prefix_router_core::key::KeySink;
 use prefix_router_core::load::HostLoad;
 use prefix_router_core::{Config, Router};
 use std::hint::black_box;
@@ -47,6 +55,109 @@ fn chat_body(total: usize) -> Vec<u8> {
         &serde_json::json!({"model": "llama-3.1-8b", "stream": true, "messages": msgs}),
     )
     .unwrap_or_default()
+}
+
+/// The router's key path: read `model`/`cache_salt`, seed, extract into a
+/// key sink (with the strided chain when `stride` is set, as the filter's
+/// `key_with_chain`). `new`: this crate; else the former serde extractor
+/// and pre-pass.
+fn key_path(body: &[u8], new: bool, stride: Option<u32>) -> Option<u64> {
+    let seed = if new {
+        let m = extract::peek_meta(body).ok()?;
+        hash::model_seed(m.model.as_bytes(), None)
+    } else {
+        let (model, _) = reference::peek_meta(body).ok()?;
+        hash::model_seed(model.as_bytes(), None)
+    };
+    let mut sink = match stride {
+        Some(s) => KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, s),
+        None => KeySink::new(seed, 64, KeyMode::Conversation, 4096, true),
+    };
+    let ok = if new {
+        extract::extract(Api::ChatCompletions, body, &mut sink).is_ok()
+    } else {
+        reference::extract(Api::ChatCompletions, body, &mut sink).is_ok()
+    };
+    ok.then(|| sink.key() ^ sink.chain_history().len() as u64)
+}
+
+/// The key path through one [`extract::Scan`] (the router with `Scan`
+/// instead of `peek_meta` + `extract`), with the strided chain.
+fn scan_path(body: &[u8]) -> Option<u64> {
+    let scan = extract::Scan::new(body);
+    let m = scan.meta().ok()?;
+    let seed = hash::model_seed(m.model.as_bytes(), None);
+    let mut sink = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
+    scan.extract(Api::ChatCompletions, &mut sink).ok()?;
+    Some(sink.key() ^ sink.chain_history().len() as u64)
+}
+
+/// Counts bytes only (the extractor alone, without hashing).
+struct Null(u64);
+impl PromptSink for Null {
+    fn write(&mut self, b: &[u8]) {
+        self.0 += b.len() as u64;
+    }
+    fn anchor(&mut self) {}
+}
+
+fn bench_extract(c: &mut Criterion) {
+    let mut g = c.benchmark_group("extract");
+    g.sample_size(20)
+        .warm_up_time(std::time::Duration::from_secs(1))
+        .measurement_time(std::time::Duration::from_secs(3));
+    let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
+        .iter()
+        .map(|&n| (format!("plain_chat_{}KiB", n >> 10), bodies::plain_chat(n)))
+        .collect();
+    cases.extend(
+        bodies::adversarial()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b)),
+    );
+    for (name, body) in &cases {
+        assert!(key_path(body, true, Some(16)).is_some(), "{name}");
+        assert_eq!(
+            key_path(body, true, Some(16)),
+            key_path(body, false, Some(16)),
+            "{name}"
+        );
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        for (label, new) in [("new", true), ("serde", false)] {
+            g.bench_with_input(
+                BenchmarkId::new(format!("{name}/chain/{label}"), body.len()),
+                body,
+                |b, body| b.iter(|| key_path(black_box(body), new, Some(16))),
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("{name}/key/{label}"), body.len()),
+                body,
+                |b, body| b.iter(|| key_path(black_box(body), new, None)),
+            );
+        }
+        g.bench_with_input(
+            BenchmarkId::new(format!("{name}/chain/scan"), body.len()),
+            body,
+            |b, body| b.iter(|| scan_path(black_box(body))),
+        );
+        g.bench_with_input(
+            BenchmarkId::new(format!("{name}/extract_only/new"), body.len()),
+            body,
+            |b, body| {
+                b.iter(|| {
+                    let mut s = Null(0);
+                    let _ = extract::extract(Api::ChatCompletions, black_box(body), &mut s);
+                    s.0
+                })
+            },
+        );
+        g.bench_with_input(
+            BenchmarkId::new(format!("{name}/peek_meta/new"), body.len()),
+            body,
+            |b, body| b.iter(|| extract::peek_meta(black_box(body)).is_ok()),
+        );
+    }
+    g.finish();
 }
 
 fn router(n: usize) -> Router {
@@ -116,5 +227,11 @@ fn bench_ring_build(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_key, bench_place, bench_ring_build);
+criterion_group!(
+    benches,
+    bench_extract,
+    bench_key,
+    bench_place,
+    bench_ring_build
+);
 criterion_main!(benches);

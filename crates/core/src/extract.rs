@@ -31,17 +31,40 @@
 //! [`crate::key`].
 //!
 //! ## Cost
-//! One pass of `serde_json` over the body into borrowed structures
-//! (`Cow<str>` borrows unless the string has escapes, `RawValue` for nested
-//! values); text is written straight into the sink, so the only copy of the
-//! prompt text is what the sink keeps (the hasher buffers at most one chunk).
-//! O(body bytes).
+//! No tree: [`extract`] walks the body twice with the byte-level scanner of
+//! [`crate::json_stream`]. The first pass ([`Scan`]) checks the whole body
+//! exactly as the former `serde_json` extractor did (same accepted bodies,
+//! same kind of error) and notes where each top-level field starts; the
+//! second walks the fields this API routes on in canonical order (so
+//! `tools` after `messages` still comes first) and writes text straight from
+//! the body into the sink (escapes decoded on the fly, small writes batched
+//! in a 512-byte buffer). A value is walked again only when its place in
+//! the stream is decided by a later field (a message whose `role` follows
+//! its `content`, a part whose `type` follows its `text`) or when it is
+//! hashed as canonical JSON. [`peek_meta`] is a separate, lighter first pass
+//! (the router's); [`Scan`] serves both from one.
+//!
+//! Memory: no allocation per element. A one-bit-per-level stack for
+//! arbitrarily deep ignored values, and for canonical JSON (tools, tool
+//! calls, non-text parts) about 8 bytes per object whose keys must be
+//! reordered plus 2 per such member: at most 1.2x the body's bytes, measured
+//! (`tests/memory.rs`). Time: O(body bytes), plus O(m log m) key comparisons
+//! for an object of m members. Element-heavy bodies still cost more per
+//! byte than text (a few ns per element, and each non-text part is hashed
+//! and adds 22 bytes to the stream; markers of values of at most 7 bytes
+//! are memoized by their bytes).
+//!
+//! Equivalence (bytes, anchor, metadata and error kind) is tested against
+//! the former serde extractor, kept in `tests/reference/`
+//! (`tests/extract_equiv.rs`).
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::borrow::Cow;
 
 use crate::hash;
+use crate::json_stream::{
+    colon, decode_str, fast_skip, scan_special, skip_lit, skip_number, skip_value, str_is, ws,
+    Canon, Fail, Frames, NoOut, Put, Res, SmallOut, StrOut,
+};
 
 const RS: &[u8] = &[0x1E];
 const US: &[u8] = &[0x1F];
@@ -84,7 +107,9 @@ impl Api {
     }
 }
 
-/// Where the canonical stream goes.
+/// Where the canonical stream goes. The extractor may split and batch
+/// writes differently from one version to the next: a sink must depend only
+/// on the concatenated bytes and the position of the anchor.
 pub trait PromptSink {
     /// Next bytes of the canonical stream.
     fn write(&mut self, bytes: &[u8]);
@@ -110,6 +135,16 @@ pub struct RequestMeta<'a> {
     pub cache_salt: Option<Cow<'a, str>>,
 }
 
+/// The two fields that seed the hash chain, read before extraction by
+/// [`peek_meta`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Meta<'a> {
+    /// The `model` field ("" if absent).
+    pub model: Cow<'a, str>,
+    /// vLLM's `cache_salt`.
+    pub cache_salt: Option<Cow<'a, str>>,
+}
+
 /// Why a body could not be extracted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExtractError {
@@ -128,400 +163,1183 @@ impl std::fmt::Display for ExtractError {
     }
 }
 
-fn perr(e: serde_json::Error) -> ExtractError {
-    ExtractError::Parse(e.to_string())
+#[cold]
+fn perr(e: Fail) -> ExtractError {
+    ExtractError::Parse(format!("{} at byte {}", e.what, e.at))
 }
 
-/// Every field any of the four APIs routes on; each API reads its own and
-/// serde skips the rest of the body without materializing it.
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
-    /// Chat and Anthropic messages.
-    #[serde(borrow, default)]
-    messages: Option<Vec<Message<'a>>>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    /// Legacy OpenAI function definitions.
-    #[serde(borrow, default)]
-    functions: Option<&'a RawValue>,
-    /// Completions.
-    #[serde(borrow, default)]
-    prompt: Option<&'a RawValue>,
-    /// Responses.
-    #[serde(borrow, default)]
-    instructions: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    input: Option<&'a RawValue>,
-    /// Anthropic.
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    metadata: Option<AnthropicMeta<'a>>,
-    #[serde(borrow, default)]
-    user: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    cache_salt: Option<Cow<'a, str>>,
+/// A struct's fields: how many (for the array form) and which field a key
+/// names.
+#[derive(Clone, Copy)]
+struct Fields {
+    count: usize,
+    id: fn(&[u8]) -> Option<usize>,
 }
 
-#[derive(Deserialize)]
-struct AnthropicMeta<'a> {
-    #[serde(borrow, default)]
-    user_id: Option<Cow<'a, str>>,
+/// Fields of a request body, numbered in the order a body written as a JSON
+/// array gives them (serde reads a struct from an array positionally).
+const BODY_FIELDS: Fields = Fields {
+    count: 11,
+    id: |k| {
+        Some(match k {
+            b"model" => F_MODEL,
+            b"messages" => F_MESSAGES,
+            b"tools" => F_TOOLS,
+            b"functions" => F_FUNCTIONS,
+            b"prompt" => F_PROMPT,
+            b"instructions" => F_INSTRUCTIONS,
+            b"input" => F_INPUT,
+            b"system" => F_SYSTEM,
+            b"metadata" => F_METADATA,
+            b"user" => F_USER,
+            b"cache_salt" => F_CACHE_SALT,
+            _ => return None,
+        })
+    },
+};
+const F_MODEL: usize = 0;
+const F_MESSAGES: usize = 1;
+const F_TOOLS: usize = 2;
+const F_FUNCTIONS: usize = 3;
+const F_PROMPT: usize = 4;
+const F_INSTRUCTIONS: usize = 5;
+const F_INPUT: usize = 6;
+const F_SYSTEM: usize = 7;
+/// Holds `metadata.user_id`.
+const F_METADATA: usize = 8;
+const F_USER: usize = 9;
+const F_CACHE_SALT: usize = 10;
+
+/// Fields of a message (chat, Anthropic, Responses input item).
+const MESSAGE_FIELDS: Fields = Fields {
+    count: 6,
+    id: |k| {
+        Some(match k {
+            b"type" => M_TYPE,
+            b"role" => M_ROLE,
+            b"content" => M_CONTENT,
+            b"name" => M_NAME,
+            b"tool_calls" => M_TOOL_CALLS,
+            b"tool_call_id" => M_TOOL_CALL_ID,
+            _ => return None,
+        })
+    },
+};
+const M_TYPE: usize = 0;
+const M_ROLE: usize = 1;
+const M_CONTENT: usize = 2;
+const M_NAME: usize = 3;
+const M_TOOL_CALLS: usize = 4;
+const M_TOOL_CALL_ID: usize = 5;
+
+const PART_FIELDS: Fields = Fields {
+    count: 2,
+    id: |k| match k {
+        b"type" => Some(0),
+        b"text" => Some(1),
+        _ => None,
+    },
+};
+/// The router's former pre-pass struct.
+const PEEK_FIELDS: Fields = Fields {
+    count: 2,
+    id: |k| match k {
+        b"model" => Some(0),
+        b"cache_salt" => Some(1),
+        _ => None,
+    },
+};
+const META_FIELDS: Fields = Fields {
+    count: 1,
+    id: |k| (k == b"user_id").then_some(0),
+};
+
+/// The members of a struct-typed value, as serde reads a derived struct:
+/// from an object (keys decoded and checked, unknown keys ignored, a known
+/// key twice is an error) or from an array (fields by position, no more
+/// elements than fields).
+struct Members {
+    names: Fields,
+    seq: bool,
+    first: bool,
+    k: usize,
+    seen: u32,
+    /// The member `next` returned repeats a field (an error, unless
+    /// `allow_dup`: then the caller decides).
+    dup: bool,
+    allow_dup: bool,
+    /// Where the next member (or the end) is looked for.
+    i: usize,
+    utf8_known: bool,
 }
 
-/// A chat message (OpenAI chat, Anthropic messages, Responses input items).
-#[derive(Deserialize)]
-struct Message<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    role: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_call_id: Option<Cow<'a, str>>,
+impl Members {
+    #[inline]
+    fn open(b: &[u8], i: usize, names: Fields, utf8_known: bool) -> Res<Members> {
+        let i = ws(b, i);
+        let seq = match b.get(i) {
+            Some(b'{') => false,
+            Some(b'[') => true,
+            Some(_) => return fail(i, "invalid type: expected a struct"),
+            None => return fail(i, "EOF while parsing a value"),
+        };
+        Ok(Members {
+            names,
+            seq,
+            first: true,
+            k: 0,
+            seen: 0,
+            dup: false,
+            allow_dup: false,
+            i: i + 1,
+            utf8_known,
+        })
+    }
+
+    /// The next member: its field (None: not a field of the struct) and
+    /// where its value starts (possibly at whitespace). None at the end,
+    /// then `self.i` is after the closing bracket.
+    #[inline]
+    fn next(&mut self, b: &[u8]) -> Res<Option<(Option<usize>, usize)>> {
+        let close = if self.seq { b']' } else { b'}' };
+        let mut j = ws(b, self.i);
+        match b.get(j) {
+            None => return fail(j, "EOF while parsing a struct"),
+            Some(&c) if c == close => {
+                self.i = j + 1;
+                return Ok(None);
+            }
+            Some(b',') if !self.first => {
+                j = ws(b, j + 1);
+                match b.get(j) {
+                    Some(&c) if c == close => return fail(j, "trailing comma"),
+                    None => return fail(j, "EOF while parsing a value"),
+                    _ => {}
+                }
+            }
+            Some(_) if self.first => {}
+            Some(_) => return fail(j, "expected `,` or end of struct"),
+        }
+        self.first = false;
+        if self.seq {
+            if self.k >= self.names.count {
+                return fail(j, "trailing characters");
+            }
+            self.k += 1;
+            return Ok(Some((Some(self.k - 1), j)));
+        }
+        if b.get(j) != Some(&b'"') {
+            return fail(j, "key must be a string");
+        }
+        let mut key = SmallOut::new();
+        let e = decode_str(b, j + 1, self.utf8_known, &mut key)?;
+        let id = key.get().and_then(self.names.id);
+        if let Some(k) = id {
+            let bit = 1u32 << k;
+            self.dup = self.seen & bit != 0;
+            if self.dup && !self.allow_dup {
+                return fail(j, "duplicate field");
+            }
+            self.seen |= bit;
+        }
+        Ok(Some((id, colon(b, e)?)))
+    }
 }
 
-#[derive(Deserialize)]
-struct PartHead<'a> {
-    #[serde(borrow, default, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
+fn fail<T>(at: usize, what: &'static str) -> Res<T> {
+    Err(Fail { at, what })
+}
+
+/// `Option<Cow<str>>`: null, or a string (checked as serde's `parse_str`).
+/// Returns the end and the string's opening quote.
+#[inline]
+fn opt_str(b: &[u8], i: usize, utf8_known: bool) -> Res<(usize, Option<usize>)> {
+    let i = ws(b, i);
+    match b.get(i) {
+        Some(b'n') => Ok((skip_lit(b, i, b"null")?, None)),
+        Some(b'"') => Ok((decode_str(b, i + 1, utf8_known, &mut NoOut)?, Some(i))),
+        Some(_) => fail(i, "invalid type: expected a string"),
+        None => fail(i, "EOF while parsing a value"),
+    }
+}
+
+/// `Option<&RawValue>`: null, or any value whose bytes are UTF-8. Returns
+/// the end and where the value starts.
+#[inline]
+fn opt_raw(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
+    let i = ws(b, i);
+    match b.get(i) {
+        Some(b'n') => Ok((skip_lit(b, i, b"null")?, None)),
+        Some(_) => Ok((skip_value(b, i, true, st)?, Some(i))),
+        None => fail(i, "EOF while parsing a value"),
+    }
+}
+
+/// `Option<Vec<Message>>` as the request body declares it.
+fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
+    let i = ws(b, i);
+    match b.get(i) {
+        Some(b'n') => return Ok((skip_lit(b, i, b"null")?, None)),
+        Some(b'[') => {}
+        Some(_) => return fail(i, "invalid type: expected a sequence"),
+        None => return fail(i, "EOF while parsing a value"),
+    }
+    let end = each(b, i, |j| {
+        let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
+        while let Some((id, v)) = m.next(b)? {
+            m.i = match id {
+                Some(M_CONTENT | M_TOOL_CALLS) => opt_raw(b, v, st)?.0,
+                Some(_) => opt_str(b, v, false)?.0,
+                None => skip_value(b, v, false, st)?,
+            };
+        }
+        Ok(m.i)
+    })?;
+    Ok((end, Some(i)))
+}
+
+/// `Option<AnthropicMeta>`; returns the end and `user_id`'s opening quote.
+fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
+    let i = ws(b, i);
+    if b.get(i) == Some(&b'n') {
+        return Ok((skip_lit(b, i, b"null")?, None));
+    }
+    let mut user_id = None;
+    let mut m = Members::open(b, i, META_FIELDS, false)?;
+    while let Some((id, v)) = m.next(b)? {
+        m.i = match id {
+            Some(_) => {
+                let (e, s) = opt_str(b, v, false)?;
+                user_id = s;
+                e
+            }
+            None => skip_value(b, v, false, st)?,
+        };
+    }
+    Ok((m.i, user_id))
+}
+
+/// Call `f` with where each element of the array at `i` (its `[`) starts;
+/// `f` returns the element's end. Returns the index after `]`.
+fn each(b: &[u8], i: usize, mut f: impl FnMut(usize) -> Res<usize>) -> Res<usize> {
+    let mut i = i + 1;
+    let mut first = true;
+    loop {
+        let mut j = ws(b, i);
+        match b.get(j) {
+            Some(b']') => return Ok(j + 1),
+            Some(b',') if !first => {
+                j = ws(b, j + 1);
+                match b.get(j) {
+                    Some(b']') => return fail(j, "trailing comma"),
+                    None => return fail(j, "EOF while parsing a value"),
+                    _ => {}
+                }
+            }
+            Some(_) if first => {}
+            Some(_) => return fail(j, "expected `,` or `]`"),
+            None => return fail(j, "EOF while parsing a list"),
+        }
+        first = false;
+        i = f(j)?;
+    }
+}
+
+/// The opening quotes of `model` and `cache_salt` (the pre-pass view).
+type Peeked = (Option<usize>, Option<usize>);
+
+/// Where each top-level field's value starts (None: absent or null);
+/// `F_METADATA` holds `metadata.user_id`'s.
+#[derive(Debug, Default, Clone, Copy)]
+struct Top {
+    at: [Option<usize>; 11],
+}
+
+impl Top {
+    fn get(&self, f: usize) -> Option<usize> {
+        self.at.get(f).copied().flatten()
+    }
+}
+
+/// The first pass, over the whole body: its check as the former
+/// extractor's request struct (`top`: where each field starts) and, in the
+/// same walk, as the router's former pre-pass struct of `model` and
+/// `cache_salt` alone (`peek`: their opening quotes). After the first error
+/// of one view the walk goes on for the other, checking only syntax.
+fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
+    let mut st = Frames::default();
+    let mut top = Top::default();
+    let (mut body_err, mut peek_err): (Option<Fail>, Option<Fail>) = (None, None);
+    let (mut model, mut salt) = (None, None);
+    let both = |e: Fail| (Err(e), Err(e));
+    let mut m = match Members::open(b, 0, BODY_FIELDS, false) {
+        Ok(m) => m,
+        Err(e) => return both(e),
+    };
+    m.allow_dup = true;
+    loop {
+        let (id, v) = match m.next(b) {
+            Ok(Some(x)) => x,
+            Ok(None) => break,
+            Err(e) => return both(e),
+        };
+        if m.dup {
+            // A request field twice fails the request view, and the
+            // pre-pass view if it is one of its two fields.
+            let e = Fail {
+                at: v,
+                what: "duplicate field",
+            };
+            body_err.get_or_insert(e);
+            if matches!(id, Some(F_MODEL | F_CACHE_SALT)) {
+                peek_err.get_or_insert(e);
+            }
+        }
+        // The pre-pass view of this member.
+        if peek_err.is_none() {
+            let pid = match (m.seq, id) {
+                (true, _) => Some(m.k - 1),
+                (false, Some(F_MODEL)) => Some(0),
+                (false, Some(F_CACHE_SALT)) => Some(1),
+                _ => None,
+            };
+            let r = match pid {
+                Some(0) => {
+                    let v = ws(b, v);
+                    match b.get(v) {
+                        Some(b'"') => {
+                            decode_str(b, v + 1, false, &mut NoOut).map(|_| model = Some(v))
+                        }
+                        _ => fail(v, "invalid type: expected a string"),
+                    }
+                }
+                Some(1) => opt_str(b, v, false).map(|(_, q)| salt = q),
+                Some(_) => fail(v, "trailing characters"),
+                None => Ok(()),
+            };
+            if let Err(e) = r {
+                peek_err = Some(e);
+            }
+        }
+        // The request view.
+        let r = match (body_err, id) {
+            (Some(_), _) | (None, None) => skip_value(b, v, false, &mut st).map(|e| (e, None)),
+            (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => opt_str(b, v, false),
+            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st),
+            (None, Some(F_METADATA)) => opt_anthropic_meta(b, v, &mut st),
+            (None, Some(_)) => opt_raw(b, v, &mut st),
+        };
+        m.i = match r {
+            Ok((end, at)) => {
+                if let Some(slot) = id.and_then(|k| top.at.get_mut(k)) {
+                    *slot = at;
+                }
+                end
+            }
+            Err(e) => {
+                body_err = Some(e);
+                match skip_value(b, v, false, &mut st) {
+                    Ok(end) => end,
+                    Err(e) => return both(e),
+                }
+            }
+        };
+        if let (Some(x), Some(y)) = (body_err, peek_err) {
+            return (Err(x), Err(y));
+        }
+    }
+    if let Err(e) = end_of_body(b, m.i) {
+        return both(e);
+    }
+    (
+        body_err.map_or(Ok(top), Err),
+        peek_err.map_or(Ok((model, salt)), Err),
+    )
+}
+
+fn end_of_body(b: &[u8], i: usize) -> Res<()> {
+    let e = ws(b, i);
+    if e != b.len() {
+        return fail(e, "trailing characters");
+    }
+    Ok(())
+}
+
+/// The string whose opening quote is at `q`, borrowed unless it has escapes.
+fn cow_str(b: &[u8], q: usize) -> Res<Cow<'_, str>> {
+    let (j, _) = scan_special(b, q + 1);
+    if b.get(j) == Some(&b'"') {
+        return match std::str::from_utf8(b.get(q + 1..j).unwrap_or(&[])) {
+            Ok(s) => Ok(Cow::Borrowed(s)),
+            Err(_) => fail(q, "invalid unicode code point"),
+        };
+    }
+    let mut v = Vec::new();
+    decode_str(b, q + 1, false, &mut v)?;
+    match String::from_utf8(v) {
+        Ok(s) => Ok(Cow::Owned(s)),
+        Err(_) => fail(q, "invalid unicode code point"),
+    }
+}
+
+fn opt_cow(b: &[u8], q: Option<usize>) -> Res<Option<Cow<'_, str>>> {
+    q.map(|q| cow_str(b, q)).transpose()
+}
+
+/// `model` and `cache_salt` of a request body: the fields that seed the hash
+/// chain, needed before [`extract`]. Checks the whole body as JSON, with the
+/// errors of the router's former pre-pass (`serde_json` reading a struct of
+/// just these two fields): a `model` that is not a string, even `null`, is
+/// an error; the rest is only checked to be JSON. One pass, no allocation
+/// unless a value has escapes. [`Scan`] gives this and [`extract`] from one
+/// first pass instead of two.
+pub fn peek_meta(body: &[u8]) -> Result<Meta<'_>, ExtractError> {
+    let (model, salt) = peek(body).map_err(perr)?;
+    Ok(Meta {
+        model: opt_cow(body, model).map_err(perr)?.unwrap_or_default(),
+        cache_salt: opt_cow(body, salt).map_err(perr)?,
+    })
+}
+
+/// The pre-pass view alone (everything but `model` and `cache_salt`
+/// skipped as ignored values: cheaper than [`scan`]).
+fn peek(b: &[u8]) -> Res<Peeked> {
+    let mut st = Frames::default();
+    let (mut model, mut salt) = (None, None);
+    let mut m = Members::open(b, 0, PEEK_FIELDS, false)?;
+    while let Some((id, v)) = m.next(b)? {
+        m.i = match id {
+            Some(0) => {
+                let v = ws(b, v);
+                if b.get(v) != Some(&b'"') {
+                    return fail(v, "invalid type: expected a string");
+                }
+                model = Some(v);
+                decode_str(b, v + 1, false, &mut NoOut)?
+            }
+            Some(_) => {
+                let (e, q) = opt_str(b, v, false)?;
+                salt = q;
+                e
+            }
+            None => skip_value(b, v, false, &mut st)?,
+        };
+    }
+    end_of_body(b, m.i)?;
+    Ok((model, salt))
 }
 
 /// Extract `body` (for `api`) into `sink`; returns the request's metadata.
+///
+/// On error the sink may have received part of the stream: discard it.
 pub fn extract<'a, S: PromptSink>(
     api: Api,
     body: &'a [u8],
     sink: &mut S,
 ) -> Result<RequestMeta<'a>, ExtractError> {
-    let mut w = Writer {
-        sink,
-        wrote: 0,
-        anchored: false,
-    };
-    let meta = match api {
-        Api::ChatCompletions => {
-            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
-            if let Some(t) = b.tools.or(b.functions) {
-                w.tools(t)?;
-            }
-            let msgs = b
-                .messages
-                .ok_or_else(|| ExtractError::Parse("missing field `messages`".into()))?;
-            for m in &msgs {
-                w.message(m)?;
-            }
-            RequestMeta {
-                model: b.model.unwrap_or_default(),
-                user: b.user,
-                cache_salt: b.cache_salt,
-            }
-        }
-        Api::Completions => {
-            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
-            let p = b
-                .prompt
-                .ok_or_else(|| ExtractError::Parse("missing field `prompt`".into()))?;
-            w.prompt(p)?;
-            RequestMeta {
-                model: b.model.unwrap_or_default(),
-                user: b.user,
-                cache_salt: b.cache_salt,
-            }
-        }
-        Api::Responses => {
-            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
-            if let Some(t) = b.tools {
-                w.tools(t)?;
-            }
-            if let Some(i) = &b.instructions {
-                w.record("system", i.as_bytes());
-            }
-            match b.input {
-                None => {}
-                Some(raw) => match first_byte(raw) {
-                    b'"' => {
-                        let s: Cow<'a, str> = serde_json::from_str(raw.get()).map_err(perr)?;
-                        w.record("user", s.as_bytes());
-                        w.mark_user();
-                    }
-                    b'[' => {
-                        let items: Vec<&'a RawValue> =
-                            serde_json::from_str(raw.get()).map_err(perr)?;
-                        for it in items {
-                            let m: Message<'a> = if first_byte(it) == b'{' {
-                                serde_json::from_str(it.get()).map_err(perr)?
-                            } else {
-                                return Err(ExtractError::Parse(
-                                    "`input` items must be objects".into(),
-                                ));
-                            };
-                            let is_msg = m.role.is_some()
-                                && m.kind.as_deref().is_none_or(|k| k == "message");
-                            if is_msg {
-                                w.message(&m)?;
-                            } else {
-                                // function_call, function_call_output, reasoning...
-                                w.sink.write(RS);
-                                w.marker(it)?;
-                                w.wrote += 1;
-                            }
-                        }
-                    }
-                    b'n' => {}
-                    _ => {
-                        return Err(ExtractError::Parse(
-                            "`input` must be a string or an array".into(),
-                        ))
-                    }
-                },
-            }
-            RequestMeta {
-                model: b.model.unwrap_or_default(),
-                user: b.user,
-                cache_salt: b.cache_salt,
-            }
-        }
-        Api::Messages => {
-            let b: Body<'a> = serde_json::from_slice(body).map_err(perr)?;
-            if let Some(s) = b.system {
-                w.sink.write(RS);
-                w.sink.write(b"system");
-                w.sink.write(US);
-                w.content(s)?;
-                w.wrote += 1;
-            }
-            if let Some(t) = b.tools {
-                w.tools(t)?;
-            }
-            let msgs = b
-                .messages
-                .ok_or_else(|| ExtractError::Parse("missing field `messages`".into()))?;
-            for m in &msgs {
-                w.message(m)?;
-            }
-            RequestMeta {
-                model: b.model.unwrap_or_default(),
-                user: b.metadata.and_then(|m| m.user_id),
-                cache_salt: None,
-            }
-        }
-    };
-    if w.wrote == 0 {
-        return Err(ExtractError::EmptyPrompt);
+    Scan::new(body).extract(api, sink)
+}
+
+/// A request body after the first pass: [`Scan::meta`] is [`peek_meta`] and
+/// [`Scan::extract`] is [`extract`], without walking the body a second time
+/// before extraction (the router's `peek_meta` + `extract` walk it three
+/// times: twice checking it, once writing the stream).
+#[derive(Debug, Clone)]
+pub struct Scan<'a> {
+    body: &'a [u8],
+    top: Res<Top>,
+    peek: Res<Peeked>,
+}
+
+impl<'a> Scan<'a> {
+    /// Check `body` (one pass, no allocation for ordinary depths).
+    pub fn new(body: &'a [u8]) -> Scan<'a> {
+        let (top, peek) = scan(body);
+        Scan { body, top, peek }
     }
-    Ok(meta)
+
+    /// As [`peek_meta`].
+    pub fn meta(&self) -> Result<Meta<'a>, ExtractError> {
+        let (model, salt) = self.peek.map_err(perr)?;
+        let b = self.body;
+        Ok(Meta {
+            model: opt_cow(b, model).map_err(perr)?.unwrap_or_default(),
+            cache_salt: opt_cow(b, salt).map_err(perr)?,
+        })
+    }
+
+    /// As [`extract`].
+    pub fn extract<S: PromptSink>(
+        &self,
+        api: Api,
+        sink: &mut S,
+    ) -> Result<RequestMeta<'a>, ExtractError> {
+        let top = self.top.map_err(perr)?;
+        let body = self.body;
+        let mut em = Em {
+            b: body,
+            out: Out {
+                sink,
+                buf: [0; STAGE],
+                len: 0,
+            },
+            canon: Canon::default(),
+            part: PartHasher::new(),
+            memo: Memo::new(),
+            wrote: 0,
+            anchored: false,
+        };
+        let r = em.run(api, &top);
+        em.out.flush();
+        r.map_err(perr)?;
+        if em.wrote == 0 {
+            return Err(ExtractError::EmptyPrompt);
+        }
+        let b = body;
+        let meta = match api {
+            Api::Messages => RequestMeta {
+                model: opt_cow(b, top.get(F_MODEL))
+                    .map_err(perr)?
+                    .unwrap_or_default(),
+                user: opt_cow(b, top.get(F_METADATA)).map_err(perr)?,
+                cache_salt: None,
+            },
+            _ => RequestMeta {
+                model: opt_cow(b, top.get(F_MODEL))
+                    .map_err(perr)?
+                    .unwrap_or_default(),
+                user: opt_cow(b, top.get(F_USER)).map_err(perr)?,
+                cache_salt: opt_cow(b, top.get(F_CACHE_SALT)).map_err(perr)?,
+            },
+        };
+        Ok(meta)
+    }
 }
 
-fn first_byte(raw: &RawValue) -> u8 {
-    raw.get().bytes().next().unwrap_or(b'n')
-}
+const STAGE: usize = 512;
 
-struct Writer<'s, S: PromptSink> {
+/// Batches small writes to the sink (the stream is the same bytes).
+struct Out<'s, S: PromptSink> {
     sink: &'s mut S,
+    buf: [u8; STAGE],
+    len: usize,
+}
+
+impl<S: PromptSink> Out<'_, S> {
+    #[inline]
+    fn put(&mut self, x: &[u8]) {
+        let len = self.len;
+        if let Some(d) = self.buf.get_mut(len..len + x.len()) {
+            d.copy_from_slice(x);
+            self.len += x.len();
+            return;
+        }
+        self.flush();
+        match self.buf.get_mut(..x.len()) {
+            Some(d) if x.len() < STAGE / 2 => {
+                d.copy_from_slice(x);
+                self.len = x.len();
+            }
+            _ => self.sink.write(x),
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.len > 0 {
+            self.sink.write(self.buf.get(..self.len).unwrap_or(&[]));
+            self.len = 0;
+        }
+    }
+}
+
+impl<S: PromptSink> Put for Out<'_, S> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        Out::put(self, bytes)
+    }
+}
+
+impl<S: PromptSink> StrOut for Out<'_, S> {
+    #[inline]
+    fn raw(&mut self, seg: &[u8]) {
+        self.put(seg)
+    }
+    #[inline]
+    fn esc(&mut self, ch: &[u8]) {
+        self.put(ch)
+    }
+}
+
+/// Counts what passes through (to tell an empty string).
+struct Counted<'o, O: StrOut>(&'o mut O, usize);
+impl<O: StrOut> StrOut for Counted<'_, O> {
+    fn raw(&mut self, seg: &[u8]) {
+        self.1 += seg.len();
+        self.0.raw(seg)
+    }
+    fn esc(&mut self, ch: &[u8]) {
+        self.1 += ch.len();
+        self.0.esc(ch)
+    }
+}
+
+/// xxh3 of a part's canonical JSON, streaming only past a short buffer.
+struct PartHasher {
+    small: [u8; 240],
+    len: usize,
+    big: Option<xxhash_rust::xxh3::Xxh3>,
+}
+
+impl PartHasher {
+    fn new() -> Self {
+        PartHasher {
+            small: [0; 240],
+            len: 0,
+            big: None,
+        }
+    }
+    fn reset(&mut self) {
+        self.len = 0;
+        self.big = None;
+    }
+    fn finish(&self) -> u64 {
+        match &self.big {
+            Some(h) => h.digest(),
+            None => hash::hash(self.small.get(..self.len).unwrap_or(&[]), hash::PART_SEED),
+        }
+    }
+}
+
+impl Put for PartHasher {
+    fn put(&mut self, x: &[u8]) {
+        if let Some(h) = self.big.as_mut() {
+            h.update(x);
+            return;
+        }
+        let len = self.len;
+        if let Some(d) = self.small.get_mut(len..len + x.len()) {
+            d.copy_from_slice(x);
+            self.len += x.len();
+            return;
+        }
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(hash::PART_SEED);
+        h.update(self.small.get(..self.len).unwrap_or(&[]));
+        h.update(x);
+        self.big = Some(h);
+    }
+}
+
+/// `GS part GS hex`.
+fn marker_part(hex: &[u8; 16]) -> [u8; 22] {
+    let mut m = [
+        0x1D, b'p', b'a', b'r', b't', 0x1D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    if let Some(t) = m.get_mut(6..) {
+        t.copy_from_slice(hex);
+    }
+    m
+}
+
+/// If the value at `i` is at most 7 bytes long (found without checking
+/// it): its bytes and length as a key, and its end.
+fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
+    let end = match b.get(i)? {
+        b'-' | b'0'..=b'9' => skip_number(b, i).ok()?,
+        b'"' => {
+            let (j, _) = scan_special(b, i + 1);
+            (b.get(j) == Some(&b'"')).then_some(j + 1)?
+        }
+        b'{' | b'[' => {
+            let j = ws(b, i + 1);
+            matches!(b.get(j), Some(b'}' | b']')).then_some(j + 1)?
+        }
+        b't' | b'n' => i + 4,
+        b'f' => i + 5,
+        _ => return None,
+    };
+    let raw = b.get(i..end)?;
+    if raw.len() > 7 {
+        return None;
+    }
+    let key = raw
+        .iter()
+        .fold(raw.len() as u64, |k, &c| k << 8 | u64::from(c));
+    Some((key, end))
+}
+
+/// Markers of short values by their bytes (direct-mapped, 64 entries).
+struct Memo {
+    keys: [u64; 64],
+    hex: [[u8; 16]; 64],
+}
+
+impl Memo {
+    fn new() -> Self {
+        // Key 0 is no value's key (it holds the length above the bytes).
+        Memo {
+            keys: [0; 64],
+            hex: [[0; 16]; 64],
+        }
+    }
+    fn slot(key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
+    }
+    fn get(&self, key: u64) -> Option<[u8; 16]> {
+        let s = Self::slot(key);
+        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s).copied())?
+    }
+    fn put(&mut self, key: u64, hex: [u8; 16]) {
+        let s = Self::slot(key);
+        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
+            *k = key;
+            *h = hex;
+        }
+    }
+}
+
+/// The second pass: writes the stream.
+struct Em<'b, 's, S: PromptSink> {
+    b: &'b [u8],
+    out: Out<'s, S>,
+    canon: Canon,
+    part: PartHasher,
+    memo: Memo,
     /// Number of records with content written.
     wrote: usize,
     anchored: bool,
 }
 
-impl<S: PromptSink> Writer<'_, S> {
-    fn record(&mut self, role: &str, content: &[u8]) {
-        self.sink.write(RS);
-        self.sink.write(role.as_bytes());
-        self.sink.write(US);
-        self.sink.write(content);
-        self.wrote += 1;
+fn missing(what: &'static str) -> Fail {
+    Fail { at: 0, what }
+}
+
+impl<S: PromptSink> Em<'_, '_, S> {
+    fn run(&mut self, api: Api, t: &Top) -> Res<()> {
+        match api {
+            Api::ChatCompletions => {
+                if let Some(x) = t.get(F_TOOLS).or(t.get(F_FUNCTIONS)) {
+                    self.tools(x)?;
+                }
+                let m = t
+                    .get(F_MESSAGES)
+                    .ok_or(missing("missing field `messages`"))?;
+                self.messages(m)?;
+            }
+            Api::Completions => {
+                let p = t.get(F_PROMPT).ok_or(missing("missing field `prompt`"))?;
+                self.prompt(p)?;
+            }
+            Api::Responses => {
+                if let Some(x) = t.get(F_TOOLS) {
+                    self.tools(x)?;
+                }
+                if let Some(q) = t.get(F_INSTRUCTIONS) {
+                    self.out.put(RS);
+                    self.out.put(b"system");
+                    self.out.put(US);
+                    decode_str(self.b, q + 1, true, &mut self.out)?;
+                    self.wrote += 1;
+                }
+                if let Some(i) = t.get(F_INPUT) {
+                    self.input(i)?;
+                }
+            }
+            Api::Messages => {
+                if let Some(s) = t.get(F_SYSTEM) {
+                    self.out.put(RS);
+                    self.out.put(b"system");
+                    self.out.put(US);
+                    self.content(s)?;
+                    self.wrote += 1;
+                }
+                if let Some(x) = t.get(F_TOOLS) {
+                    self.tools(x)?;
+                }
+                let m = t
+                    .get(F_MESSAGES)
+                    .ok_or(missing("missing field `messages`"))?;
+                self.messages(m)?;
+            }
+        }
+        Ok(())
     }
 
     fn mark_user(&mut self) {
         if !self.anchored {
             self.anchored = true;
-            self.sink.anchor();
+            self.out.flush();
+            self.out.sink.anchor();
         }
     }
 
-    fn tools(&mut self, raw: &RawValue) -> Result<(), ExtractError> {
-        if first_byte(raw) == b'n' {
-            return Ok(());
-        }
-        let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(perr)?;
-        self.sink.write(RS);
-        self.sink.write(b"tools");
-        self.sink.write(US);
-        let mut buf = Vec::new();
-        write_canonical_json(&v, &mut buf);
-        self.sink.write(&buf);
+    fn tools(&mut self, i: usize) -> Res<()> {
+        self.out.put(RS);
+        self.out.put(b"tools");
+        self.out.put(US);
+        self.canon.write(self.b, i, &mut self.out)?;
         Ok(())
     }
 
-    fn message(&mut self, m: &Message<'_>) -> Result<(), ExtractError> {
-        let role = m.role.as_deref().unwrap_or("");
-        self.sink.write(RS);
-        self.sink.write(role.as_bytes());
-        self.sink.write(US);
-        if let Some(c) = m.content {
-            self.content(c)?;
+    fn messages(&mut self, i: usize) -> Res<()> {
+        let b = self.b;
+        if b.get(i) != Some(&b'[') {
+            return fail(i, "invalid type: expected a sequence");
         }
-        if let Some(n) = &m.name {
-            self.field(b"name", n.as_bytes());
-        }
-        if let Some(id) = &m.tool_call_id {
-            self.field(b"tool_call_id", id.as_bytes());
-        }
-        if let Some(tc) = m.tool_calls {
-            if first_byte(tc) != b'n' {
-                let v: serde_json::Value = serde_json::from_str(tc.get()).map_err(perr)?;
-                let mut buf = Vec::new();
-                write_canonical_json(&v, &mut buf);
-                self.field(b"tool_calls", &buf);
+        each(b, i, |j| self.message(j, false))?;
+        Ok(())
+    }
+
+    /// Responses `input`.
+    fn input(&mut self, i: usize) -> Res<()> {
+        let b = self.b;
+        match b.get(i) {
+            Some(b'"') => {
+                self.out.put(RS);
+                self.out.put(b"user");
+                self.out.put(US);
+                decode_str(b, i + 1, true, &mut self.out)?;
+                self.wrote += 1;
+                self.mark_user();
             }
+            Some(b'[') => {
+                each(b, i, |j| {
+                    if b.get(j) != Some(&b'{') {
+                        return fail(j, "`input` items must be objects");
+                    }
+                    self.message(j, true)
+                })?;
+            }
+            _ => return fail(i, "`input` must be a string or an array"),
+        }
+        Ok(())
+    }
+
+    /// A message at `i` (a struct); for Responses (`item`) an input item,
+    /// written as a message or, if it is not one, as a marker.
+    fn message(&mut self, i: usize, item: bool) -> Res<usize> {
+        let b = self.b;
+        let mut at: [Option<usize>; 6] = [None; 6];
+        let mut seen = [false; 6];
+        let mut streamed = false;
+        let mut m = Members::open(b, i, MESSAGE_FIELDS, true)?;
+        while let Some((id, v)) = m.next(b)? {
+            let v = ws(b, v);
+            m.i = match id {
+                Some(M_CONTENT) if b.get(v) == Some(&b'n') => skip_lit(b, v, b"null")?,
+                Some(M_CONTENT) => {
+                    // Written now if its place is known: the role (and for
+                    // an item, that it is a message) is settled.
+                    let settled = seen[M_ROLE]
+                        && (!item
+                            || (seen[M_TYPE]
+                                && at[M_ROLE].is_some()
+                                && at[M_TYPE].is_none_or(|q| str_is(b, q, b"message"))));
+                    if settled {
+                        self.header(at[M_ROLE])?;
+                        streamed = true;
+                        self.content(v)?
+                    } else {
+                        at[M_CONTENT] = Some(v);
+                        fast_skip(b, v)?
+                    }
+                }
+                Some(M_TOOL_CALLS) if b.get(v) == Some(&b'n') => skip_lit(b, v, b"null")?,
+                Some(M_TOOL_CALLS) => {
+                    at[M_TOOL_CALLS] = Some(v);
+                    fast_skip(b, v)?
+                }
+                Some(k) => {
+                    let (e, q) = opt_str(b, v, true)?;
+                    if let (Some(a), Some(s)) = (at.get_mut(k), seen.get_mut(k)) {
+                        *a = q;
+                        *s = true;
+                    }
+                    e
+                }
+                None => fast_skip(b, v)?,
+            };
+        }
+        let end = m.i;
+        if item {
+            let is_msg =
+                at[M_ROLE].is_some() && at[M_TYPE].is_none_or(|q| str_is(b, q, b"message"));
+            if !is_msg {
+                // function_call, function_call_output, reasoning...
+                self.out.put(RS);
+                self.marker(i)?;
+                self.wrote += 1;
+                return Ok(end);
+            }
+        }
+        if !streamed {
+            self.header(at[M_ROLE])?;
+            if let Some(c) = at[M_CONTENT] {
+                self.content(c)?;
+            }
+        }
+        if let Some(q) = at[M_NAME] {
+            self.field(b"name", q)?;
+        }
+        if let Some(q) = at[M_TOOL_CALL_ID] {
+            self.field(b"tool_call_id", q)?;
+        }
+        if let Some(v) = at[M_TOOL_CALLS] {
+            self.out.put(US);
+            self.out.put(b"tool_calls=");
+            self.canon.write(b, v, &mut self.out)?;
         }
         self.wrote += 1;
-        if role == "user" {
+        if at[M_ROLE].is_some_and(|q| str_is(b, q, b"user")) {
             self.mark_user();
         }
+        Ok(end)
+    }
+
+    /// `RS role US`.
+    #[inline]
+    fn header(&mut self, role: Option<usize>) -> Res<()> {
+        self.out.put(RS);
+        if let Some(q) = role {
+            decode_str(self.b, q + 1, true, &mut self.out)?;
+        }
+        self.out.put(US);
         Ok(())
     }
 
-    fn field(&mut self, name: &[u8], value: &[u8]) {
-        self.sink.write(US);
-        self.sink.write(name);
-        self.sink.write(b"=");
-        self.sink.write(value);
+    /// `US name = value` for the string at `q`.
+    fn field(&mut self, name: &[u8], q: usize) -> Res<()> {
+        self.out.put(US);
+        self.out.put(name);
+        self.out.put(b"=");
+        decode_str(self.b, q + 1, true, &mut self.out)?;
+        Ok(())
     }
 
-    /// A content value: string, array of parts, or null.
-    fn content(&mut self, raw: &RawValue) -> Result<(), ExtractError> {
-        match first_byte(raw) {
-            b'"' => {
-                let s: Cow<'_, str> = serde_json::from_str(raw.get()).map_err(perr)?;
-                self.sink.write(s.as_bytes());
+    /// A content value at `i`: string, array of parts, or null.
+    fn content(&mut self, i: usize) -> Res<usize> {
+        let b = self.b;
+        match b.get(i) {
+            Some(b'"') => decode_str(b, i + 1, true, &mut self.out),
+            Some(b'[') => {
+                let mut first = true;
+                each(b, i, |j| {
+                    if !first {
+                        self.out.put(US);
+                    }
+                    first = false;
+                    self.part(j)
+                })
             }
-            b'[' => {
-                let parts: Vec<&RawValue> = serde_json::from_str(raw.get()).map_err(perr)?;
-                for (i, p) in parts.iter().enumerate() {
-                    if i > 0 {
-                        self.sink.write(US);
-                    }
-                    let head: PartHead<'_> = if first_byte(p) == b'{' {
-                        serde_json::from_str(p.get()).map_err(perr)?
-                    } else {
-                        PartHead {
-                            kind: None,
-                            text: None,
-                        }
-                    };
-                    let is_text = matches!(
-                        head.kind.as_deref(),
-                        Some("text") | Some("input_text") | Some("output_text") | None
-                    );
-                    match (&head.text, is_text) {
-                        (Some(t), true) => self.sink.write(t.as_bytes()),
-                        _ => self.marker(p)?,
-                    }
+            Some(b'n') => skip_lit(b, i, b"null"),
+            _ => fail(i, "content must be a string, an array of parts or null"),
+        }
+    }
+
+    /// A content part at `i`: its text, or a marker.
+    fn part(&mut self, i: usize) -> Res<usize> {
+        let b = self.b;
+        if b.get(i) != Some(&b'{') {
+            return self.marker(i);
+        }
+        // Whether the part's type (absent or null counts) is a text type.
+        let (mut text_kind, mut kind_seen) = (true, false);
+        let (mut text, mut streamed) = (None, false);
+        let mut m = Members::open(b, i, PART_FIELDS, true)?;
+        while let Some((id, v)) = m.next(b)? {
+            let v = ws(b, v);
+            m.i = match id {
+                Some(0) => {
+                    kind_seen = true;
+                    let (e, q) = opt_str(b, v, true)?;
+                    text_kind = q.is_none_or(|q| {
+                        str_is(b, q, b"text")
+                            || str_is(b, q, b"input_text")
+                            || str_is(b, q, b"output_text")
+                    });
+                    e
                 }
+                Some(_) if kind_seen && text_kind && b.get(v) == Some(&b'"') => {
+                    text = Some(v);
+                    streamed = true;
+                    decode_str(b, v + 1, true, &mut self.out)?
+                }
+                Some(_) => {
+                    let (e, q) = opt_str(b, v, true)?;
+                    text = q;
+                    e
+                }
+                None => fast_skip(b, v)?,
+            };
+        }
+        match text {
+            Some(q) if text_kind => {
+                if !streamed {
+                    decode_str(b, q + 1, true, &mut self.out)?;
+                }
+                Ok(m.i)
             }
-            b'n' => {}
+            _ => self.marker(i),
+        }
+    }
+
+    /// `GS type GS hex(xxh3(canonical json))` for the non-text value at `i`.
+    fn marker(&mut self, i: usize) -> Res<usize> {
+        let b = self.b;
+        // A value of at most 7 bytes (a number, a short string, `{}`...) has
+        // no `type` key, and the same bytes give the same marker: memoized,
+        // so repeating one small part costs a lookup.
+        let short = short_value(b, i);
+        if let Some((key, end)) = short {
+            if let Some(hex) = self.memo.get(key) {
+                self.out.put(&marker_part(&hex));
+                return Ok(end);
+            }
+        }
+        self.part.reset();
+        let (end, ty) = self.canon.write(b, i, &mut self.part)?;
+        let hex = hex16(self.part.finish());
+        match ty {
+            Some(t) if b.get(t) == Some(&b'"') => {
+                self.out.put(GS);
+                decode_str(b, t + 1, true, &mut self.out)?;
+                self.out.put(GS);
+                self.out.put(&hex);
+            }
             _ => {
-                return Err(ExtractError::Parse(
-                    "content must be a string, an array of parts or null".into(),
-                ))
-            }
-        }
-        Ok(())
-    }
-
-    /// `GS type GS hex(xxh3(canonical json))` for a non-text value.
-    fn marker(&mut self, raw: &RawValue) -> Result<(), ExtractError> {
-        let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(perr)?;
-        let kind = v.get("type").and_then(|t| t.as_str()).unwrap_or("part");
-        let mut buf = Vec::new();
-        write_canonical_json(&v, &mut buf);
-        let h = hash::hash(&buf, hash::PART_SEED);
-        self.sink.write(GS);
-        self.sink.write(kind.as_bytes());
-        self.sink.write(GS);
-        self.sink.write(hex16(h).as_slice());
-        Ok(())
-    }
-
-    /// Completions `prompt`: string, array of strings, token ids, or arrays of
-    /// token ids.
-    fn prompt(&mut self, raw: &RawValue) -> Result<(), ExtractError> {
-        let v: PromptValue<'_> = serde_json::from_str(raw.get()).map_err(perr)?;
-        match v {
-            PromptValue::One(s) => {
-                if !s.is_empty() {
-                    self.sink.write(s.as_bytes());
-                    self.wrote += 1;
+                self.out.put(&marker_part(&hex));
+                if let Some((key, e)) = short {
+                    if e == end {
+                        self.memo.put(key, hex);
+                    }
                 }
             }
-            PromptValue::Tokens(t) => self.tokens(&t),
-            PromptValue::Many(items) => {
-                for (i, it) in items.iter().enumerate() {
-                    if i > 0 {
-                        self.sink.write(RS);
-                    }
-                    match it {
-                        PromptItem::Text(s) => {
-                            self.sink.write(s.as_bytes());
-                            self.wrote += usize::from(!s.is_empty());
+        }
+        Ok(end)
+    }
+
+    /// Completions `prompt`: string, array of strings, token ids, or arrays
+    /// of token ids (anything else, even partly, is an error).
+    fn prompt(&mut self, i: usize) -> Res<()> {
+        let b = self.b;
+        match b.get(i) {
+            Some(b'"') => {
+                let mut c = Counted(&mut self.out, 0);
+                decode_str(b, i + 1, true, &mut c)?;
+                self.wrote += usize::from(c.1 > 0);
+            }
+            Some(b'[') => match b.get(ws(b, i + 1)) {
+                Some(b']') => {}
+                Some(b'-' | b'0'..=b'9') => {
+                    self.tokens(i)?;
+                }
+                Some(b'"' | b'[') => {
+                    let mut first = true;
+                    each(b, i, |j| {
+                        if !first {
+                            self.out.put(RS);
                         }
-                        PromptItem::Tokens(t) => self.tokens(t),
-                    }
+                        first = false;
+                        match b.get(j) {
+                            Some(b'"') => {
+                                let mut c = Counted(&mut self.out, 0);
+                                let e = decode_str(b, j + 1, true, &mut c)?;
+                                self.wrote += usize::from(c.1 > 0);
+                                Ok(e)
+                            }
+                            Some(b'[') => self.tokens(j),
+                            _ => fail(
+                                j,
+                                "data did not match any variant of untagged enum PromptValue",
+                            ),
+                        }
+                    })?;
                 }
+                _ => {
+                    return fail(
+                        i,
+                        "data did not match any variant of untagged enum PromptValue",
+                    )
+                }
+            },
+            _ => {
+                return fail(
+                    i,
+                    "data did not match any variant of untagged enum PromptValue",
+                )
             }
         }
         Ok(())
     }
 
-    fn tokens(&mut self, t: &[u32]) {
-        for id in t {
-            self.sink.write(&id.to_le_bytes());
-        }
-        self.wrote += usize::from(!t.is_empty());
+    /// An array of u32 token ids at `i`, as little-endian u32s.
+    fn tokens(&mut self, i: usize) -> Res<usize> {
+        let b = self.b;
+        let mut n = 0usize;
+        let end = each(b, i, |j| {
+            let e = match b.get(j) {
+                Some(b'0'..=b'9') => skip_number(b, j)?,
+                _ => {
+                    return fail(
+                        j,
+                        "data did not match any variant of untagged enum PromptValue",
+                    )
+                }
+            };
+            let mut v: u32 = 0;
+            for &d in b.get(j..e).unwrap_or(&[]) {
+                let digit = match d {
+                    b'0'..=b'9' => u32::from(d - b'0'),
+                    _ => {
+                        return fail(
+                            j,
+                            "data did not match any variant of untagged enum PromptValue",
+                        )
+                    }
+                };
+                v = match v.checked_mul(10).and_then(|v| v.checked_add(digit)) {
+                    Some(v) => v,
+                    None => {
+                        return fail(
+                            j,
+                            "data did not match any variant of untagged enum PromptValue",
+                        )
+                    }
+                };
+            }
+            self.out.put(&v.to_le_bytes());
+            n += 1;
+            Ok(e)
+        })?;
+        self.wrote += usize::from(n > 0);
+        Ok(end)
     }
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptValue<'a> {
-    #[serde(borrow)]
-    One(Cow<'a, str>),
-    Tokens(Vec<u32>),
-    #[serde(borrow)]
-    Many(Vec<PromptItem<'a>>),
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptItem<'a> {
-    #[serde(borrow)]
-    Text(Cow<'a, str>),
-    Tokens(Vec<u32>),
-}
-
+/// `h` as 16 lowercase hex digits, most significant first.
 fn hex16(h: u64) -> [u8; 16] {
-    const D: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [b'0'; 16];
-    for (i, o) in out.iter_mut().enumerate() {
-        let nib = ((h >> (60 - 4 * i)) & 0xf) as usize;
-        *o = D.get(nib).copied().unwrap_or(b'0');
+    // Each nibble of a 32-bit half into its own byte (nibble k in byte k),
+    // then to ASCII: '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
+    fn half(x: u32) -> [u8; 8] {
+        let mut v = u64::from(x);
+        v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
+        v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
+        v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+        let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+        (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
     }
+    let (hi, lo) = (half((h >> 32) as u32), half(h as u32));
+    let mut out = [0u8; 16];
+    let (a, b) = out.split_at_mut(8);
+    a.copy_from_slice(&hi);
+    b.copy_from_slice(&lo);
     out
 }
 
 /// Canonical JSON: object keys sorted bytewise, no whitespace, strings
 /// escaped as serde_json does, `cache_control` keys dropped (Anthropic cache
-/// hints do not change what the model sees).
+/// hints do not change what the model sees). The extractor writes the same
+/// bytes straight from the body ([`crate::json_stream::Canon`]); this
+/// tree-based form is the definition, kept for tests and tools.
 pub fn write_canonical_json(v: &serde_json::Value, out: &mut Vec<u8>) {
     use serde_json::Value;
     match v {
@@ -563,6 +1381,17 @@ fn write_json_str(s: &str, out: &mut Vec<u8>) {
     }
 }
 
+/// Canonical JSON of the JSON text `value` by the streaming writer, with the
+/// errors of `serde_json::from_slice::<Value>`; for tests and tools.
+pub fn canonical_json(value: &[u8]) -> Result<Vec<u8>, ExtractError> {
+    let i = ws(value, 0);
+    let e = skip_value(value, i, true, &mut Frames::default()).map_err(perr)?;
+    end_of_body(value, e).map_err(perr)?;
+    let mut out = Vec::new();
+    let (end, _) = Canon::default().write(value, i, &mut out).map_err(perr)?;
+    end_of_body(value, end).map_err(perr)?;
+    Ok(out)
+}
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -729,6 +1558,27 @@ mod tests {
             extract(Api::ChatCompletions, br#"[1,2]"#, &mut v),
             Err(ExtractError::Parse(_))
         ));
+    }
+
+    #[test]
+    fn hex16_is_lowercase_hex() {
+        for h in [
+            0u64,
+            1,
+            0xdead_beef,
+            u64::MAX,
+            0x0123_4567_89ab_cdef,
+            0xa0a0_9f9f_0909_fafa,
+        ] {
+            assert_eq!(hex16(h), *format!("{h:016x}").as_bytes());
+        }
+        let mut x = 7u64;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            assert_eq!(hex16(x), *format!("{x:016x}").as_bytes());
+        }
     }
 
     #[test]

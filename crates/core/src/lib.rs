@@ -31,6 +31,7 @@ pub mod gossip;
 pub mod hash;
 pub mod health;
 pub mod index;
+pub mod json_stream;
 pub mod key;
 pub mod load;
 pub mod ring;

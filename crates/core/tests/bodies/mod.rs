@@ -1,0 +1,124 @@
+//! Request bodies for throughput and memory measurements: plain chat bodies
+//! of a given size, and the adversarial element-heavy bodies of issue 21.
+#![allow(dead_code, clippy::all)]
+
+/// Deterministic text of `n` bytes (splitmix64 stream over a fixed seed),
+/// no characters that need escaping.
+pub fn text(n: usize, seed: u64) -> String {
+    let words = [
+        "the", "cache", "prefix", "token", "replica", "model", "route", "load",
+    ];
+    let mut s = String::with_capacity(n + 8);
+    let mut x = seed;
+    while s.len() < n {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        s.push_str(words[(z % words.len() as u64) as usize]);
+        s.push(' ');
+    }
+    s.truncate(n);
+    s
+}
+
+/// A chat body of about `total` bytes whose messages are plain text, the
+/// system prompt first, then alternating turns of up to 1000 bytes.
+pub fn plain_chat(total: usize) -> Vec<u8> {
+    let mut s = String::from(r#"{"model":"llama-3.1-8b","stream":true,"messages":["#);
+    s.push_str(&format!(
+        r#"{{"role":"system","content":"{}"}}"#,
+        text(2000.min(total / 4), 1)
+    ));
+    s.push_str(&format!(
+        r#",{{"role":"user","content":"{}"}}"#,
+        text(200.min(total / 8), 2)
+    ));
+    let mut i = 3;
+    while s.len() + 40 < total {
+        let role = if i % 2 == 1 { "assistant" } else { "user" };
+        let n = (total - s.len() - 40).min(1000);
+        s.push_str(&format!(
+            r#",{{"role":"{role}","content":"{}"}}"#,
+            text(n, i)
+        ));
+        i += 1;
+    }
+    s.push_str("]}");
+    s.into_bytes()
+}
+
+/// About 1 MiB each (the nesting one: 50,000 deep): a plain prompt for
+/// comparison, then the element-heavy bodies of issue 21 and the worst
+/// cases of canonical JSON (objects whose keys must be reordered).
+pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
+    let mib = 1usize << 20;
+    let wrap = |inner: String| format!(r#"{{"model":"m","messages":[{inner}]}}"#).into_bytes();
+    let user = |content: String| wrap(format!(r#"{{"role":"user","content":{content}}}"#));
+    let list = |item: &str, n: usize| vec![item; n].join(",");
+    let d = 50_000;
+    vec![
+        (
+            "plain_prompt_1MiB",
+            user(format!("\"{}\"", text(mib - 60, 9))),
+        ),
+        ("empty_messages_349k", wrap(list("{}", mib / 3))),
+        (
+            "number_parts_524k",
+            user(format!("[{}]", list("0", mib / 2))),
+        ),
+        (
+            "distinct_number_parts_200k",
+            user(format!(
+                "[{}]",
+                (100_000..300_000)
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+        ),
+        (
+            "empty_object_parts_349k",
+            user(format!("[{}]", list("{}", mib / 3))),
+        ),
+        (
+            "text_parts_38k",
+            user(format!(
+                "[{}]",
+                list(r#"{"type":"text","text":"a"}"#, mib / 27)
+            )),
+        ),
+        (
+            "nesting_50k_deep",
+            format!(
+                r#"{{"model":"m","x":{}{},"messages":[{{"role":"user","content":"hi"}}]}}"#,
+                "[".repeat(d),
+                "]".repeat(d)
+            )
+            .into_bytes(),
+        ),
+        (
+            "unsorted_tool_objects_75k",
+            format!(
+                r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"q"}}]}}"#,
+                list(r#"{"b":0,"a":0}"#, mib / 14)
+            )
+            .into_bytes(),
+        ),
+        (
+            "unsorted_part_objects_75k",
+            user(format!("[[{}]]", list(r#"{"b":0,"a":0}"#, mib / 14))),
+        ),
+        (
+            "one_part_87k_keys",
+            user(format!(
+                "[{{{}}}]",
+                (0..mib / 12)
+                    .rev()
+                    .map(|i| format!("\"{i:06}\":0"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )),
+        ),
+    ]
+}

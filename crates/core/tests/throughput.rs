@@ -1,0 +1,116 @@
+//! A quick throughput probe that tolerates a busy machine: the best of many
+//! short batches (criterion's mean and median include time the process
+//! spent descheduled). `cargo test --release -p prefix-router-core --test
+//! throughput -- --ignored --nocapture`. The numbers of record come from
+//! `cargo bench -p prefix-router-core --bench core -- extract`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod bodies;
+mod reference;
+
+use prefix_router_core::config::KeyMode;
+use prefix_router_core::extract::{self, Api};
+use prefix_router_core::hash;
+use prefix_router_core::key::KeySink;
+use std::hint::black_box;
+use std::time::Instant;
+
+/// The filter's key path: `peek_meta`, then `extract` into a `KeySink` with
+/// the strided chain.
+fn key_path(body: &[u8], new: bool) -> u64 {
+    let model = if new {
+        extract::peek_meta(body).unwrap().model.into_owned()
+    } else {
+        reference::peek_meta(body).unwrap().0
+    };
+    let seed = hash::model_seed(model.as_bytes(), None);
+    let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
+    if new {
+        extract::extract(Api::ChatCompletions, body, &mut s).unwrap();
+    } else {
+        reference::extract(Api::ChatCompletions, body, &mut s).unwrap();
+    }
+    s.key()
+}
+
+/// The same through one [`extract::Scan`] (the router with `Scan` instead
+/// of `peek_meta` + `extract`).
+fn scan_path(body: &[u8]) -> u64 {
+    let scan = extract::Scan::new(body);
+    let model = scan.meta().unwrap().model;
+    let seed = hash::model_seed(model.as_bytes(), None);
+    let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
+    scan.extract(Api::ChatCompletions, &mut s).unwrap();
+    s.key()
+}
+
+/// Best time per call in seconds over `batches` batches of ~5 ms.
+fn best(mut f: impl FnMut() -> u64, batches: usize) -> f64 {
+    let t = Instant::now();
+    black_box(f());
+    let once = t.elapsed().as_secs_f64().max(1e-7);
+    let reps = ((0.005 / once) as usize).max(1);
+    let mut best = f64::MAX;
+    for _ in 0..batches {
+        let t = Instant::now();
+        for _ in 0..reps {
+            black_box(f());
+        }
+        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+    }
+    best
+}
+
+#[test]
+#[ignore]
+fn probe() {
+    let only = std::env::var("PROBE").unwrap_or_default();
+    let serde = std::env::var("PROBE_SERDE").is_ok();
+    let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
+        .iter()
+        .map(|&n| (format!("plain_chat_{}KiB", n >> 10), bodies::plain_chat(n)))
+        .collect();
+    cases.extend(
+        bodies::adversarial()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b)),
+    );
+    println!(
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "body", "bytes", "new µs", "MB/s", "scan µs", "MB/s", "serde µs", "MB/s"
+    );
+    let batches = std::env::var("PROBE_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
+    for (name, body) in &cases {
+        if !name.contains(&only) {
+            continue;
+        }
+        assert_eq!(key_path(body, true), key_path(body, false), "{name}");
+        assert_eq!(key_path(body, true), scan_path(body), "{name}");
+        let n = best(|| key_path(black_box(body), true), batches);
+        let sc = best(|| scan_path(black_box(body)), batches);
+        let o = if serde {
+            best(|| key_path(black_box(body), false), 10)
+        } else {
+            f64::NAN
+        };
+        let mb = |t: f64| body.len() as f64 / t / 1e6;
+        println!(
+            "{name:<28} {:>9} {:>9.1} {:>9.0} {:>9.1} {:>9.0} {:>9.1} {:>9.0}",
+            body.len(),
+            n * 1e6,
+            mb(n),
+            sc * 1e6,
+            mb(sc),
+            o * 1e6,
+            mb(o)
+        );
+    }
+}
