@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use crate::config::Config;
 use crate::cost;
-use crate::extract::{extract, Api, ExtractError};
+use crate::extract::{Api, ExtractError, Scan};
 use crate::hash;
 use crate::index::{PrefixIndex, PrefixLookup};
 use crate::key::KeySink;
@@ -304,10 +304,11 @@ impl Router {
         }
         let k = &self.cfg.key;
         // The model seed is needed before hashing, but the model field may
-        // come after the messages: hash with a provisional seed only if we
-        // must. Instead, extract once into the key sink seeded after a cheap
-        // pre-pass reading just `model` and `cache_salt`.
-        let meta = peek_meta(body)?;
+        // come after the messages: one checking pass ([`Scan`]) finds
+        // `model` and `cache_salt` and where every field starts, then the
+        // prompt streams into the key sink seeded from them.
+        let scan = Scan::new(body);
+        let meta = scan.meta().map_err(|_| FallbackCause::ParseError)?;
         let salt = if k.use_cache_salt {
             meta.cache_salt.as_deref()
         } else {
@@ -342,7 +343,7 @@ impl Router {
                 s,
             ),
         };
-        let m = match (extract(api, body, &mut sink), session_key) {
+        let m = match (scan.extract(api, &mut sink), session_key) {
             (Ok(m), _) => m,
             (Err(_), Some(key)) => return Ok((key, PromptChain::default())),
             (Err(ExtractError::Parse(_)), None) => return Err(FallbackCause::ParseError),
@@ -648,24 +649,11 @@ impl Router {
     }
 }
 
-/// `model` and `cache_salt` only, skipping everything else without
-/// materializing it (serde's `IgnoredAny`).
-fn peek_meta(body: &[u8]) -> Result<Peek<'_>, FallbackCause> {
-    serde_json::from_slice::<Peek<'_>>(body).map_err(|_| FallbackCause::ParseError)
-}
-
-#[derive(serde::Deserialize)]
-struct Peek<'a> {
-    #[serde(borrow, default)]
-    model: std::borrow::Cow<'a, str>,
-    #[serde(borrow, default)]
-    cache_salt: Option<std::borrow::Cow<'a, str>>,
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+    use crate::extract::extract;
     use crate::load::Report;
 
     fn router(n: usize) -> Router {
