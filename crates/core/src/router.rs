@@ -633,7 +633,8 @@ impl Router {
         }
     }
 
-    /// Key and place in one call.
+    /// Key and place in one call, by the configured rule when it needs no
+    /// prefix index ([`Router::place_with`]).
     pub fn decide(
         &self,
         api: Api,
@@ -643,7 +644,7 @@ impl Router {
         now_ms: u64,
     ) -> Decision {
         match self.key(api, body, session) {
-            Ok(k) => self.place(k, loads, now_ms),
+            Ok(k) => self.place_with(k, loads, now_ms),
             Err(c) => Decision::Fallback(c),
         }
     }

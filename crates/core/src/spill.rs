@@ -109,20 +109,32 @@ pub const CANDIDATES: usize = 4;
 
 /// The candidate order: the group owner (if any), then the key's walk,
 /// eligible hosts only, each once, at most `n`.
-fn candidates(ring: &Ring, key: u64, x: &Inputs<'_>, n: usize) -> Vec<usize> {
+fn candidates(ring: &Ring, key: u64, x: &Inputs<'_>, n: usize) -> Vec<(usize, u32)> {
     let eligible = |h: usize| x.eligible.get(h).copied().unwrap_or(true);
-    let mut out: Vec<usize> = Vec::with_capacity(n);
+    // (host, its position in the order counting the ineligible hosts
+    // passed over: 0 for the first candidate when nothing was ejected).
+    let mut out: Vec<(usize, u32)> = Vec::with_capacity(n);
+    let mut passed = 0u32;
     if let Some(g) = x.group.filter(|&g| g != key) {
-        if let Some(h) = ring.walk(g).find(|&h| eligible(h)) {
-            out.push(h);
+        for h in ring.walk(g) {
+            if eligible(h) {
+                out.push((h, passed));
+                break;
+            }
+            passed += 1;
         }
     }
     for h in ring.walk(key) {
         if out.len() >= n {
             break;
         }
-        if eligible(h) && !out.contains(&h) {
-            out.push(h);
+        if out.iter().any(|&(c, _)| c == h) {
+            continue;
+        }
+        if eligible(h) {
+            out.push((h, passed + out.len() as u32));
+        } else {
+            passed += 1;
         }
     }
     out
@@ -150,15 +162,15 @@ fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Place
 pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
     let n = CANDIDATES.min(ring.hosts());
     let cands = candidates(ring, key, x, n);
-    let &owner = cands.first()?;
+    let &(owner, owner_rank) = cands.first()?;
     let total: u64 = x.loads.iter().sum();
     let under = |h: usize| x.loads.get(h).copied().unwrap_or(0) < ring.capacity(h, total, bound);
     let Some(q_o) = x.queues.get(owner).copied().flatten() else {
         // No fresh report: bounded loads along the candidates, then the walk.
-        if let Some((rank, &h)) = cands.iter().enumerate().find(|(_, &h)| under(h)) {
+        if let Some(&(h, rank)) = cands.iter().find(|&&(h, _)| under(h)) {
             return Some(Placed {
                 host: h,
-                rank: rank as u32,
+                rank,
                 why: Why::Bound,
             });
         }
@@ -174,13 +186,13 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     if !over && !x.first_turn {
         return Some(Placed {
             host: owner,
-            rank: 0,
+            rank: owner_rank,
             why: Why::Owner,
         });
     }
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
-    for (i, &j) in cands.iter().enumerate().skip(1) {
+    for &(j, rank) in cands.iter().skip(1) {
         if !under(j) {
             continue;
         }
@@ -198,12 +210,12 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
             (net, net > 0.0)
         };
         if ok && best.is_none_or(|b| net > b.2) {
-            best = Some((j, i as u32, net));
+            best = Some((j, rank, net));
         }
     }
     let best = match best {
         Some(b) => b,
-        None if !over || any_under => (owner, 0, 0.0),
+        None if !over || any_under => (owner, owner_rank, 0.0),
         None => {
             // The owner and every candidate over their bounds: bounded
             // loads along the whole walk.
@@ -213,10 +225,10 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     Some(Placed {
         host: best.0,
         rank: best.1,
-        why: match (best.1, over) {
-            (0, _) => Why::Owner,
-            (_, false) => Why::Priced,
-            (_, true) => Why::Bound,
+        why: match (best.0 == owner, over) {
+            (true, _) => Why::Owner,
+            (false, false) => Why::Priced,
+            (false, true) => Why::Bound,
         },
     })
 }

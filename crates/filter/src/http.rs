@@ -277,10 +277,9 @@ impl Http {
                 Err(c) => Decision::Fallback(c),
             }
         } else {
-            match self.st.router.key(api, &body, self.session.as_deref()) {
-                Ok(key) => self.st.router.place_with(key, &loads, now),
-                Err(c) => Decision::Fallback(c),
-            }
+            self.st
+                .router
+                .decide(api, &body, self.session.as_deref(), &loads, now)
         };
         if let Decision::Routed {
             host: idx, cached, ..
