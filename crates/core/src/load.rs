@@ -761,6 +761,10 @@ mod tests {
     #[test]
     fn cas_loop_loses_no_updates_under_contention() {
         let s = Arc::new(MemStore::default());
+        // The key exists before the race: a write to an absent key carries
+        // no CAS (as in Envoy's shared data), so two first writes could
+        // both land; this test is about the CAS loop once it exists.
+        add_inflight(&*s, "h", 0).unwrap();
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let s = s.clone();
