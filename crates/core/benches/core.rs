@@ -19,24 +19,7 @@ use prefix_router_core::load::HostLoad;
 use prefix_router_core::{Config, Router};
 use std::hint::black_box;
 
-/// Deterministic text of `n` bytes (splitmix64 stream over a fixed seed).
-fn text(n: usize, seed: u64) -> String {
-    let words = [
-        "the", "cache", "prefix", "token", "replica", "model", "route", "load",
-    ];
-    let mut s = String::with_capacity(n + 8);
-    let mut x = seed;
-    while s.len() < n {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        s.push_str(words[(z % words.len() as u64) as usize]);
-        s.push(' ');
-    }
-    s.truncate(n);
-    s
-}
+use bodies::text;
 
 /// A chat body: system prompt, first user turn, then history up to `total` bytes.
 fn chat_body(total: usize) -> Vec<u8> {

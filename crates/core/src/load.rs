@@ -141,6 +141,15 @@ impl HostLoad {
         }
     }
 
+    /// The fresh reported queue depth, weighted by the report's age and not
+    /// rounded ([`Freshness::weight`]); `None` without a fresh report. The
+    /// priced spill's `q` ([`crate::spill`]).
+    pub fn fresh_queue(&self, now_ms: u64, f: Freshness) -> Option<f64> {
+        let r = self.report?;
+        let age = now_ms.saturating_sub(r.at_ms);
+        (age <= f.ttl_ms && r.queue.is_finite()).then(|| r.queue.max(0.0) * f.weight(age))
+    }
+
     /// Prefill tokens ahead of a new request here for the cost rule's
     /// token queue: this proxy's pending tokens plus the larger of the
     /// peers' ([`HostLoad::peer_pending_tokens`]) and the fresh report's

@@ -581,12 +581,7 @@ impl Router {
         let (eff, eligible) = self.loads(loads, now_ms);
         let fresh = self.cfg.load.freshness();
         let queues: Vec<Option<f64>> = (0..eff.len())
-            .map(|i| {
-                let r = loads.get(i)?.report?;
-                let age = now_ms.saturating_sub(r.at_ms);
-                (age <= fresh.ttl_ms && r.queue.is_finite())
-                    .then(|| r.queue.max(0.0) * fresh.weight(age))
-            })
+            .map(|i| loads.get(i)?.fresh_queue(now_ms, fresh))
             .collect();
         let p = &self.cfg.cost.params;
         // Every proxy presumes the first candidate holds the prompt, or
