@@ -8,7 +8,8 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use prefix_router_core::load::{HostLoad, MemStore, Report};
+use prefix_router_core::load::{HostLoad, Report};
+use prefix_router_core::store::MemStore;
 use prefix_router_core::shared_index::SharedLookup;
 use prefix_router_core::{Config, Decision, Router};
 
