@@ -42,4 +42,6 @@ pub mod spill;
 pub mod store;
 
 pub use config::{Config, ConfigError};
-pub use router::{Decision, FallbackCause, Key, KeySource, PromptChain, RequestHead, Router};
+pub use router::{
+    Decided, Decision, FallbackCause, Key, KeySource, PromptChain, Request, RequestHead, Router,
+};

@@ -23,7 +23,7 @@
 
 use prefix_router_core::config::{RawConfig, RawHost};
 use prefix_router_core::load::{HostLoad, Report};
-use prefix_router_core::{Decision, Router};
+use prefix_router_core::{Decision, Request, Router};
 
 use super::{host_address, num, Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
@@ -78,6 +78,12 @@ impl Params {
                 "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
                 "vnodes" => p.vnodes = num(k, v)? as u32,
                 "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
+                // The index rule needs a prefix index: `prefix-router-cost`.
+                "cost" if v == "index" => {
+                    return Err(SpecError(
+                        "prefix-router: cost=index is the prefix-router-cost policy".into(),
+                    ))
+                }
                 "cost" => p.cost = v.clone(),
                 "s" | "service_s" => p.service_s = num(k, v)?,
                 "reports" => {
@@ -251,7 +257,12 @@ impl Policy for PrefixRouter {
                 }
             }
         }
-        let d = self.router.place_with(key, &self.loads, view.now_ms());
+        let d = self
+            .router
+            .decide(
+                &Request::new(input.api(), input.body(), &self.loads, view.now_ms()).with_key(key),
+            )
+            .decision;
         match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
