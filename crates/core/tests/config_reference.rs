@@ -183,7 +183,7 @@ fn parse_fields(lines: &[&str], start: usize, name: &str) -> (Vec<Field>, usize)
             let (fname, ty) = rest
                 .split_once(':')
                 .unwrap_or_else(|| panic!("{name}: cannot read the field line {t:?}"));
-            let ty = ty.trim().trim_end_matches(',').trim().to_string();
+            let ty = unqualified(ty.trim().trim_end_matches(','));
             assert!(
                 !ty.is_empty(),
                 "{name}.{fname}: write the field's type on its line"
@@ -258,26 +258,47 @@ fn json_type(ty: &str, structs: &BTreeMap<String, Struct>) -> String {
         "f32" | "f64" => "number".into(),
         "u8" | "u16" | "u32" | "u64" | "usize" | "i8" | "i16" | "i32" | "i64" => "integer".into(),
         t if structs.contains_key(t) => "object".into(),
-        t => panic!("type {t} has no JSON name here: add it to json_type"),
+        // Another serde type (e.g. an enum): its Rust name; the doc
+        // comment says what it takes.
+        t => format!("`{t}`"),
     }
 }
 
-/// What a type allows when the doc says nothing more.
+/// What a field allows when its doc has no `Allowed:` line: a boolean's
+/// values; for anything else the validation may narrow the type, so the
+/// text says.
 fn type_allows(ty: &str) -> String {
-    if let Some(t) = strip(ty, "Option") {
-        return format!("{}, null", type_allows(&t));
-    }
     match ty {
         "bool" => "`true`, `false`".into(),
-        "u8" => "0..=255".into(),
-        "u16" => "0..=65535".into(),
-        "u32" => "0..=4294967295".into(),
-        "u64" | "usize" => "0..=18446744073709551615".into(),
-        "f32" | "f64" => "any number".into(),
-        "String" => "any string".into(),
-        t if t.starts_with("Vec<") => "any array of them".into(),
-        _ => "see below".into(),
+        "Option<bool>" => "`true`, `false`, null".into(),
+        _ => "see the text".into(),
     }
+}
+
+/// A type with its paths dropped: `Option<crate::m::RawX>` ->
+/// `Option<RawX>` (sections are found by their struct's name).
+fn unqualified(ty: &str) -> String {
+    let mut out = String::with_capacity(ty.len());
+    let mut word = String::new();
+    let mut chars = ty.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == ':' && chars.peek() == Some(&':') {
+            chars.next();
+            word.clear();
+            continue;
+        }
+        if c.is_alphanumeric() || c == '_' {
+            word.push(c);
+        } else {
+            out.push_str(&word);
+            word.clear();
+            if !c.is_whitespace() {
+                out.push(c);
+            }
+        }
+    }
+    out.push_str(&word);
+    out
 }
 
 // ------------------------------------------------------------- defaults
@@ -395,6 +416,12 @@ impl DebugParser<'_> {
                         assert!(self.eat(b')'));
                         v
                     }
+                    // A tuple variant: its value.
+                    _ if self.eat(b'(') => {
+                        let v = self.value();
+                        assert!(self.eat(b')'));
+                        v
+                    }
                     _ if self.eat(b'{') => {
                         let mut fields = Vec::new();
                         loop {
@@ -407,7 +434,9 @@ impl DebugParser<'_> {
                             self.eat(b',');
                         }
                     }
-                    _ => panic!("unexpected {id:?} at {} in the Debug form", self.i),
+                    // A unit variant (an enum deserialized by serde).
+                    _ if !id.is_empty() => V::Str(id),
+                    _ => panic!("unexpected input at {} in the Debug form", self.i),
                 }
             }
         }
@@ -789,6 +818,11 @@ pub struct NotConfig {
         Some(("RawMembership".to_string(), false))
     );
     assert_eq!(json_type("Option<RawMembership>", &s), "object or null");
+    assert_eq!(
+        unqualified("Option<crate::membership::RawMembership>"),
+        "Option<RawMembership>"
+    );
+    assert_eq!(unqualified("Vec< std::string::String >"), "Vec<String>");
     let p = probe("RawConfig", &s);
     assert_eq!(
         p,
@@ -798,7 +832,8 @@ pub struct NotConfig {
 
 #[test]
 fn debug_forms_parse() {
-    let d = r#"RawX { a: "s\"q", b: Some(1.5), c: None, d: [Y { e: true }], f: 16000.0 }"#;
+    let d =
+        r#"RawX { a: "s\"q", b: Some(1.5), c: None, d: [Y { e: true }], f: 16000.0, g: Static }"#;
     let v = DebugParser {
         s: d.as_bytes(),
         i: 0,
@@ -808,6 +843,7 @@ fn debug_forms_parse() {
     assert_eq!(json_of(field_of(&v, "b").unwrap()), "1.5");
     assert_eq!(json_of(field_of(&v, "c").unwrap()), "null");
     assert_eq!(json_of(field_of(&v, "f").unwrap()), "16000");
+    assert_eq!(json_of(field_of(&v, "g").unwrap()), r#""Static""#);
     assert!(matches!(field_of(&v, "d"), Some(V::Arr(a)) if a.len() == 1));
     assert_eq!(
         unlink("see [`crate::x::Y`] and [`Z`](a::Z)."),
