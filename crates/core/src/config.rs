@@ -75,7 +75,7 @@ fn metric_names(
 }
 
 /// The replicas, one object each: the model servers requests are routed
-/// to. At least one, at most 4096.
+/// to.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHost {

@@ -461,7 +461,7 @@ fn json_of(v: &V) -> String {
 /// A placeholder JSON value for a required field of type `ty`.
 fn placeholder(ty: &str, structs: &BTreeMap<String, Struct>) -> serde_json::Value {
     if let Some((s, array)) = section_of(ty, structs) {
-        let obj = probe(&s, structs);
+        let obj = probe(&s, structs, true);
         return if array {
             serde_json::Value::Array(vec![obj])
         } else {
@@ -479,17 +479,19 @@ fn placeholder(ty: &str, structs: &BTreeMap<String, Struct>) -> serde_json::Valu
     }
 }
 
-/// A JSON object of struct `name` with every section present and every
-/// required field filled, so deserializing it yields every default.
-fn probe(name: &str, structs: &BTreeMap<String, Struct>) -> serde_json::Value {
+/// A JSON object of struct `name` with every required field filled and,
+/// with `all`, every section present too (an array of sections: one
+/// element), so deserializing it yields the sections' own defaults;
+/// without, the defaults of the fields themselves (e.g. an array's `[]`).
+fn probe(name: &str, structs: &BTreeMap<String, Struct>, all: bool) -> serde_json::Value {
     let mut m = serde_json::Map::new();
     for f in &structs[name].fields {
         if !f.has_default {
             m.insert(f.json.clone(), placeholder(&f.ty, structs));
-        } else if let Some((s, array)) = section_of(&f.ty, structs) {
+        } else if let Some((s, array)) = section_of(&f.ty, structs).filter(|_| all) {
             // An optional or defaulted section: present, so its own
             // defaults show (an array of sections: one element).
-            let obj = probe(&s, structs);
+            let obj = probe(&s, structs, all);
             m.insert(
                 f.json.clone(),
                 if array {
@@ -523,11 +525,28 @@ struct Row {
     section_doc: Option<String>,
 }
 
+/// The defaults of a struct's fields: `own` from the probe without
+/// optional sections (a field's own default), `all` from the probe with
+/// every section present (for the fields inside sections).
+#[derive(Clone, Copy)]
+struct Defaults<'a> {
+    own: Option<&'a V>,
+    all: Option<&'a V>,
+}
+
+/// The first element of an array value, or the value.
+fn element(v: Option<&V>, array: bool) -> Option<&V> {
+    match (v, array) {
+        (Some(V::Arr(items)), true) => items.first(),
+        (v, _) => v,
+    }
+}
+
 fn collect(
     name: &str,
     prefix: &str,
     structs: &BTreeMap<String, Struct>,
-    defaults: Option<&V>,
+    defaults: Defaults<'_>,
     optional_section: bool,
     rows: &mut Vec<Row>,
 ) {
@@ -535,7 +554,9 @@ fn collect(
         let path = format!("{prefix}{}", f.json);
         // The Debug form names fields by their Rust names; a rename only
         // changes the JSON key.
-        let dv = defaults.and_then(|d| field_of(d, &f.rust));
+        let own = defaults.own.and_then(|d| field_of(d, &f.rust));
+        let all = defaults.all.and_then(|d| field_of(d, &f.rust));
+        let dv = own.or(all);
         let section = section_of(&f.ty, structs);
         let default = if !f.has_default {
             if optional_section {
@@ -569,9 +590,9 @@ fn collect(
             section_doc: section.as_ref().map(|(s, _)| structs[s].doc.clone()),
         });
         if let Some((s, array)) = section {
-            let inner = match (dv, array) {
-                (Some(V::Arr(items)), true) => items.first(),
-                (v, _) => v,
+            let inner = Defaults {
+                own: element(own, array),
+                all: element(all, array),
             };
             let sub = if array {
                 format!("{path}[].")
@@ -687,17 +708,24 @@ fn generate(src_dir: &Path) -> (String, Vec<Row>) {
         "no RawConfig in {}",
         src_dir.display()
     );
-    let probe = probe("RawConfig", &structs);
-    let raw: RawConfig = serde_json::from_value(probe.clone())
-        .unwrap_or_else(|e| panic!("the probe config {probe} does not deserialize: {e}"));
-    let dbg = format!("{raw:?}");
-    let defaults = DebugParser {
-        s: dbg.as_bytes(),
-        i: 0,
-    }
-    .value();
+    let read = |all: bool| {
+        let probe = probe("RawConfig", &structs, all);
+        let raw: RawConfig = serde_json::from_value(probe.clone())
+            .unwrap_or_else(|e| panic!("the probe config {probe} does not deserialize: {e}"));
+        let dbg = format!("{raw:?}");
+        DebugParser {
+            s: dbg.as_bytes(),
+            i: 0,
+        }
+        .value()
+    };
+    let (own, all) = (read(false), read(true));
+    let defaults = Defaults {
+        own: Some(&own),
+        all: Some(&all),
+    };
     let mut rows = Vec::new();
-    collect("RawConfig", "", &structs, Some(&defaults), false, &mut rows);
+    collect("RawConfig", "", &structs, defaults, false, &mut rows);
     (render(&structs, &rows), rows)
 }
 
@@ -760,7 +788,7 @@ fn every_field_the_filter_reads_is_in_the_reference() {
         row("load.orca_metrics").default,
         "`[\"num_requests_waiting\"]`"
     );
-    assert_eq!(row("hosts").default, "required");
+    assert_eq!(row("hosts[].address").default, "required");
     assert_eq!(row("scrape.cluster").default, "required (in the section)");
     assert_eq!(row("scrape").default, "null (off)");
     assert_eq!(row("decision_header").default, "`null`");
@@ -823,7 +851,7 @@ pub struct NotConfig {
         "Option<RawMembership>"
     );
     assert_eq!(unqualified("Vec< std::string::String >"), "Vec<String>");
-    let p = probe("RawConfig", &s);
+    let p = probe("RawConfig", &s, true);
     assert_eq!(
         p,
         serde_json::json!({"hosts": [], "membership": {"cluster_name": ""}})
