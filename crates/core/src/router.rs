@@ -580,10 +580,9 @@ impl Router {
         };
         let decision = if self.cfg.cost.enabled {
             let params = req.params.unwrap_or(&self.cfg.cost.params);
-            match req.index {
-                Some(ix) => self.place_cost(key, &chain, req.loads, ix, req.now_ms, params),
-                None => self.place_cost(key, &chain, req.loads, &NoIndex, req.now_ms, params),
-            }
+            // One instantiation of the rule, over `dyn PrefixLookup`.
+            let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
+            self.place_cost(key, &chain, req.loads, index, req.now_ms, params)
         } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
             self.place_spill(key, req.loads, req.now_ms)
         } else {
