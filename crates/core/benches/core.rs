@@ -41,9 +41,9 @@ fn chat_body(total: usize) -> Vec<u8> {
 }
 
 /// The router's key path: read `model`/`cache_salt`, seed, extract into a
-/// key sink (with the strided chain when `stride` is set, as the filter's
-/// `key_with_chain`). `new`: this crate; else the former serde extractor
-/// and pre-pass.
+/// key sink (with the strided chain when `stride` is set, as
+/// `Router::decide` does for the index rule). `new`: this crate; else the
+/// former serde extractor and pre-pass.
 fn key_path(body: &[u8], new: bool, stride: Option<u32>) -> Option<u64> {
     let seed = if new {
         let m = extract::peek_meta(body).ok()?;

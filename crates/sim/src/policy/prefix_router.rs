@@ -3,7 +3,8 @@
 //! Each request is rendered as the HTTP body a client would send
 //! (`/v1/completions` with the trace's prompt text, or
 //! `/v1/chat/completions` with the conversation so far) and goes through
-//! [`Router::key`] and [`Router::place`] exactly as in the filter: the load
+//! [`Router::key`] and [`Router::decide`] (by `cost.mode`: the priced spill
+//! by default, or `off`) exactly as in the filter: the load
 //! each host is placed against is `HostLoad { inflight, report }` with this
 //! proxy's own in-flight count and the replica's last reported
 //! `num_requests_waiting` (the filter's default ORCA metric), which the
@@ -17,8 +18,8 @@
 //! core itself: the conversation-mode key and the prefix-mode key are both
 //! chained prefix hashes from the same model seed, so the one that hashed
 //! fewer bytes is exactly the key of the shorter region, i.e. what a core
-//! with `limit = prefix_bytes` in conversation mode would return. Placement
-//! is the core's `Router::place`. Used in BENCHMARKS.md to measure what
+//! with `limit = prefix_bytes` in conversation mode would return. It is
+//! placed by `Router::decide` with that key given (`Request::with_key`). Used in BENCHMARKS.md to measure what
 //! changing the default key would do.
 
 use prefix_router_core::config::{RawConfig, RawHost};

@@ -1,5 +1,5 @@
 //! This project's router with the index rule (`cost.mode = index`): the
-//! core's [`Router::decide_with_cost`] (estimated TTFT over the key's owner
+//! core's [`Router::decide`] with an index (estimated TTFT over the key's owner
 //! and its ring successors under the load bound, see
 //! `prefix_router_core::cost`) with a learned
 //! [`PrefixIndex`] (`prefix_router_core::index`).
