@@ -329,7 +329,7 @@ struct GossipCostArgs {
 fn progress_bar(total: usize, label: &str) -> ProgressBar {
     let pb = ProgressBar::new(total as u64);
     let style = ProgressStyle::with_template(
-        "   {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} requests {msg}",
+        "   {prefix} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}",
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     pb.set_style(style);
@@ -380,8 +380,8 @@ fn run_one(
         }),
     })
     .map_err(|e| e.to_string())?;
-    let pb = progress_bar(workload.total_requests(), label);
-    let observe = observer(&pb);
+    // Made once the lines above are printed (a bar draws as soon as it exists).
+    let pb;
     let report = if n == 1 {
         if let Ok(e) = lab.envoy() {
             println!(
@@ -393,8 +393,8 @@ fn run_one(
                 workload.opts.concurrency
             );
         }
-        pb.reset_elapsed();
-        lab.run_workload_observed(workload, label, &observe)
+        pb = progress_bar(workload.total_requests(), label);
+        lab.run_workload_observed(workload, label, &observer(&pb))
             .map_err(|e| e.to_string())?
             .1
     } else {
@@ -409,9 +409,9 @@ fn run_one(
             workload.opts.turns,
             workload.opts.concurrency
         );
-        pb.reset_elapsed();
+        pb = progress_bar(workload.total_requests(), label);
         let (_run, report) = lab
-            .run_workload_at_observed(workload, label, &urls, &observe)
+            .run_workload_at_observed(workload, label, &urls, &observer(&pb))
             .map_err(|e| e.to_string())?;
         drop(envoys);
         report
