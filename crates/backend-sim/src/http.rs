@@ -19,7 +19,7 @@ use std::convert::Infallible;
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Response, StatusCode, Version};
@@ -111,11 +111,20 @@ pub async fn read_body(
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return Err(BodyError::TooLarge);
     }
-    match Limited::new(body, MAX_BODY).collect().await {
-        Ok(c) => Ok(c.to_bytes().to_vec()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge),
-        Err(e) => Err(BodyError::Bad(format!("cannot read the request body: {e}"))),
+    // One copy, into a buffer of the declared size: no merging of chunks.
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut body = body;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| BodyError::Bad(format!("cannot read the request body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if out.len().saturating_add(data.len()) > MAX_BODY {
+                return Err(BodyError::TooLarge);
+            }
+            out.extend_from_slice(&data);
+        }
     }
+    Ok(out)
 }
 
 /// Header bytes as text: UTF-8 where valid, else each byte as ISO-8859-1

@@ -945,7 +945,6 @@ impl Server {
         let listener = tokio::net::TcpListener::from_std(self.listener)?;
         let mut http1 = hyper::server::conn::http1::Builder::new();
         http1
-            .max_buf_size(http::MAX_HEADER_BYTES.max(8192))
             .max_header_size(http::MAX_HEADER_BYTES)
             .max_headers(http::MAX_HEADER_COUNT)
             // Idle keep-alive connections stay open as long as the client
