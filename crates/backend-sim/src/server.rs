@@ -8,13 +8,14 @@
 //!   and sleeps on a condition variable until the replica's next event (or a
 //!   new submission wakes it).
 //! * Each **connection** is a task serving HTTP/1.1 with hyper (keep-alive)
-//!   on one thread (a tokio current-thread runtime); its handler submits generations to the replica under the
-//!   shared lock and awaits `FirstToken` / `Done` on its channel. A streamed
-//!   response's tokens are written by a task of their own. Nothing awaits
-//!   while holding the lock. Up to [`MAX_CONNECTIONS`] connections are
-//!   served at once; more get `503` and are closed. A client that goes away
-//!   aborts its generation in the replica (at its first token, or at the
-//!   next streamed chunk).
+//!   on one thread (a tokio current-thread runtime); its handler submits
+//!   generations to the replica under the shared lock and awaits
+//!   `FirstToken` / `Done` on its channel. A streamed response's tokens are
+//!   written by a task of their own. Nothing awaits while holding the lock.
+//!   Up to [`MAX_CONNECTIONS`] connections are served at once; more get
+//!   `503` and are closed. A stream whose client has gone away is aborted
+//!   in the replica at its next chunk (and a request whose handler hyper
+//!   dropped before its first token, at that token).
 //!
 //! ## Responses
 //!
