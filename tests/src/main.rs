@@ -337,6 +337,18 @@ fn progress_bar(total: usize, label: &str) -> ProgressBar {
     pb
 }
 
+/// A spinner with the elapsed time, for runs whose requests are not counted ahead: on
+/// stderr, drawn only when it is a terminal.
+fn spinner(what: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("   {spinner} {msg} [{elapsed_precise}]") {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    pb
+}
+
 /// Advances `pb` for each finished request and names the failures so far.
 fn observer(pb: &ProgressBar) -> impl Fn(&RequestRecord) + Sync + '_ {
     let failed = AtomicUsize::new(0);
@@ -559,11 +571,13 @@ fn spike(args: &SpikeArgs) -> Result<(), String> {
                 "off (bounded ring only)".to_string()
             }
         );
+        let pb = spinner("running the scenario");
         let r = spike::run(&SpikeOptions {
             cost,
             ..opts.clone()
-        })
-        .map_err(|e| e.to_string())?;
+        });
+        pb.finish_and_clear();
+        let r = r.map_err(|e| e.to_string())?;
         if !spike::all_ok(&r) {
             return Err(format!(
                 "cost.mode {}: some requests failed",
@@ -583,10 +597,10 @@ fn gossip_cost(args: &GossipCostArgs) -> Result<(), String> {
         observations: args.observations,
         hashes: args.hashes,
     };
-    println!(
-        "{}",
-        prefix_router_lab::gossip_cost::run(&opts).map_err(|e| e.to_string())?
-    );
+    let pb = spinner("posting gossip batches to one Envoy");
+    let table = prefix_router_lab::gossip_cost::run(&opts);
+    pb.finish_and_clear();
+    println!("{}", table.map_err(|e| e.to_string())?);
     Ok(())
 }
 
