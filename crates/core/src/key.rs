@@ -47,6 +47,8 @@ pub struct KeySink {
     group: Option<u64>,
     /// Every byte written, hashed or not.
     seen: u64,
+    /// The key was fixed at the anchor (the end of the first user message).
+    anchored: bool,
 }
 
 impl KeySink {
@@ -72,6 +74,7 @@ impl KeySink {
             group_limit: prefix_bytes,
             group: None,
             seen: 0,
+            anchored: false,
         }
     }
 
@@ -120,6 +123,12 @@ impl KeySink {
     /// ([`KeySink::with_chain`]; empty otherwise).
     pub fn chain_history(&self) -> &[u64] {
         self.chain.history()
+    }
+
+    /// Whether the key ends at the anchor (a conversation's opening: the
+    /// end of the first user message), not at a byte limit or the end.
+    pub fn anchored(&self) -> bool {
+        self.anchored
     }
 
     /// Length of the whole canonical stream, bytes (hashed or not).
@@ -188,6 +197,7 @@ impl PromptSink for KeySink {
     fn anchor(&mut self) {
         if self.use_anchor && self.key.is_none() {
             self.fix_key();
+            self.anchored = true;
         }
     }
 }

@@ -115,6 +115,12 @@ pub struct Key {
     /// The group key: the key region capped at `key.prefix_bytes` (equal to
     /// `hash` when the key region is no longer, and for session keys).
     pub group: u64,
+    /// A prompt key that ends at the first user message (`key.mode:
+    /// conversation` on an API with messages): a prompt going on past it
+    /// is a later turn of that conversation. False for keys capped at
+    /// `key.prefix_bytes`, whose longer prompts are not turns of one
+    /// conversation, and for session and user keys.
+    pub anchored: bool,
 }
 
 /// What the router decided.
@@ -417,6 +423,7 @@ impl Router {
             bytes_hashed: 0,
             prompt_bytes: 0,
             group: hash::session_key(seed, s.as_bytes()),
+            anchored: false,
         });
         let mut sink = match stride {
             None => {
@@ -472,6 +479,7 @@ impl Router {
                         bytes_hashed: 0,
                         prompt_bytes: sink.seen_bytes(),
                         group: hash::session_key(seed, u.as_bytes()),
+                        anchored: false,
                     },
                     chain,
                 ));
@@ -484,6 +492,7 @@ impl Router {
                 bytes_hashed: sink.bytes_hashed(),
                 prompt_bytes: sink.seen_bytes(),
                 group: sink.group(),
+                anchored: sink.anchored(),
             },
             chain,
         ))
@@ -675,7 +684,10 @@ impl Router {
             held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
             service_s: p.service_s,
             group: Some(key.group),
-            first_turn: key.source == KeySource::Prompt && key.prompt_bytes <= key.bytes_hashed,
+            // A later turn: a session or user key, or a conversation key
+            // whose prompt goes on past the first user message.
+            first_turn: key.source == KeySource::Prompt
+                && (!key.anchored || key.prompt_bytes <= key.bytes_hashed),
         };
         match crate::spill::place(&self.ring, key.hash, &self.bound(), &x) {
             Some(pl) => Decision::Routed {
@@ -904,6 +916,22 @@ mod tests {
                 assert_eq!(d, r.place_ring(k, &loads, 0));
             }
         }
+    }
+
+    #[test]
+    fn only_a_key_ending_at_the_first_user_message_is_anchored() {
+        let r = router(3);
+        let k = r
+            .key(Api::ChatCompletions, chat("x", 2).as_bytes(), None)
+            .unwrap();
+        assert!(k.anchored && k.prompt_bytes > k.bytes_hashed, "{k:?}");
+        let prompt = format!(r#"{{"model":"m","prompt":"{}"}}"#, "p".repeat(9000));
+        let k = r.key(Api::Completions, prompt.as_bytes(), None).unwrap();
+        assert!(!k.anchored && k.prompt_bytes > k.bytes_hashed, "{k:?}");
+        let k = r
+            .key(Api::ChatCompletions, chat("x", 2).as_bytes(), Some("s"))
+            .unwrap();
+        assert!(!k.anchored, "{k:?}");
     }
 
     #[test]
@@ -1249,6 +1277,7 @@ mod tests {
                 bytes_hashed: 12,
                 prompt_bytes: 12,
                 group: 0xab,
+                anchored: true,
             },
             cached: None,
             moved: false,

@@ -15,7 +15,8 @@
 //! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
 //!    service_s`, `q_h` the fresh reported prefill queue (vLLM's
 //!    `num_requests_waiting`, ORCA or scrape), faded by age.
-//! 3. **A later turn** (the request goes on past its key region) stays at
+//! 3. **A later turn** (a session or user key, or a conversation key whose
+//!    prompt goes on past the first user message) stays at
 //!    `o` under `o`'s bound (below), and over it leaves only as step 3's
 //!    price allows, never by the bound alone: the bound's load is partly
 //!    this proxy's own in-flight count, which the fleet's other proxies do
@@ -104,9 +105,9 @@ pub struct Inputs<'a> {
     pub service_s: f64,
     /// The group key: its owner is the first candidate, then the key's walk.
     pub group: Option<u64>,
-    /// The request opens a conversation (nothing after its key region): a
-    /// queue may move it under the owner's bound (step 3); a later turn
-    /// moves only over it.
+    /// The request is not a later turn of a conversation (see step 3): the
+    /// bound may move it, and a queue may move it under the owner's bound.
+    /// A later turn moves only over the bound, and only as priced.
     pub first_turn: bool,
 }
 
@@ -211,6 +212,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     // Over its bound a later turn still leaves only where the reports
     // price it (the bound's load is partly this proxy's own in-flight
     // count, which another proxy does not see).
+    let owner_over = over;
     let over = over && x.first_turn;
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
@@ -237,7 +239,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     }
     let best = match best {
         Some(b) => b,
-        None if !over || any_under => (owner, owner_rank, 0.0),
+        None if !owner_over || any_under => (owner, owner_rank, 0.0),
         None => {
             // The owner and every candidate over their bounds: bounded
             // loads along the whole walk.
