@@ -819,6 +819,9 @@ fn compile_gossip(
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// The replicas. Required unless `membership` is set (then a seed:
+    /// names hosts by address and routes until the first poll answers).
+    #[serde(default)]
     pub hosts: Vec<RawHost>,
     #[serde(default = "d_capacity")]
     pub capacity_factor: f64,
@@ -848,6 +851,14 @@ pub struct RawConfig {
     pub cost: RawCost,
     #[serde(default)]
     pub gossip: Option<RawGossip>,
+    /// Hosts from an Envoy cluster instead of (or seeded by) `hosts`
+    /// ([`crate::membership`]); absent: `hosts` alone.
+    #[serde(default)]
+    pub membership: Option<crate::membership::RawMembership>,
+    /// Ring successors named after the chosen host in the destination
+    /// header, for Envoy's retries ([`crate::membership`], "Failover").
+    #[serde(default)]
+    pub failover: crate::membership::RawFailover,
 }
 
 fn d_mode() -> String {
@@ -927,7 +938,13 @@ fn d_dest() -> String {
 pub struct Host {
     pub address: String,
     pub name: String,
+    /// Relative capacity; 0 only for a free slot of the membership table
+    /// (no ring points, never chosen).
     pub weight: f64,
+    /// Whether Envoy would send it traffic (always true for static hosts;
+    /// from Envoy's health flags with `membership`). An unhealthy host is
+    /// not eligible: its keys go to their ring successors.
+    pub healthy: bool,
 }
 
 /// Key mode.
@@ -1029,6 +1046,11 @@ pub struct Config {
     pub scrape: Option<ScrapeConfig>,
     pub cost: CostConfig,
     pub gossip: Option<GossipConfig>,
+    /// `membership`: hosts from an Envoy cluster.
+    pub membership: Option<crate::membership::MembershipConfig>,
+    /// `failover.hosts`: ring successors after the chosen host in the
+    /// destination header.
+    pub failover_hosts: usize,
 }
 
 /// Upper bounds that keep a typo from exhausting a proxy's memory.
@@ -1265,8 +1287,17 @@ fn expected_kind(expected: &str) -> String {
 impl RawConfig {
     /// Validate into a [`Config`].
     pub fn compile(&self) -> Result<Config, ConfigError> {
-        if self.hosts.is_empty() {
-            return Err(err("hosts", "[]", "at least one host is required"));
+        let membership = match &self.membership {
+            None => None,
+            Some(m) => Some(m.compile()?),
+        };
+        let failover_hosts = self.failover.compile()?;
+        if self.hosts.is_empty() && membership.is_none() {
+            return Err(err(
+                "hosts",
+                "[]",
+                "at least one host is required (or `membership` to take them from an Envoy cluster)",
+            ));
         }
         if self.hosts.len() > MAX_HOSTS {
             return Err(err(
@@ -1341,6 +1372,7 @@ impl RawConfig {
                 address,
                 name,
                 weight,
+                healthy: true,
             });
         }
         let c = self.capacity_factor;
@@ -1577,6 +1609,8 @@ impl RawConfig {
             scrape,
             cost,
             gossip,
+            membership,
+            failover_hosts,
         })
     }
 }
@@ -1694,7 +1728,9 @@ impl Config {
 
     /// Index of the host with this address (as `ip:port`).
     pub fn host_index(&self, address: &str) -> Option<usize> {
-        self.hosts.iter().position(|h| h.address == address)
+        self.hosts
+            .iter()
+            .position(|h| h.weight > 0.0 && h.address == address)
     }
 
     /// A config with these host addresses and defaults elsewhere (tests,
@@ -1734,6 +1770,8 @@ impl RawConfig {
             scrape: None,
             gossip: None,
             cost: RawCost::default(),
+            membership: None,
+            failover: Default::default(),
         }
     }
 }
@@ -2085,7 +2123,7 @@ mod tests {
             ),
             (
                 "{}".to_string(),
-                format!("{p} `hosts` = (missing): required"),
+                format!("{p} `hosts` = []: at least one host is required (or `membership` to take them from an Envoy cluster)"),
             ),
             (
                 format!(r#"{{{H},"vnodes":1,"vnodes":2}}"#),

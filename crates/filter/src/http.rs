@@ -193,6 +193,11 @@ impl Http {
         let tokens_mode = cost_on && cfg.cost.params.queue == QueueMode::Tokens;
         let mut loads = Vec::with_capacity(cfg.hosts.len());
         for h in &cfg.hosts {
+            if h.weight <= 0.0 {
+                // A free slot of the membership table: never chosen.
+                loads.push(HostLoad::default());
+                continue;
+            }
             let mut l = match load::read_load(&SharedData, &h.address) {
                 Ok(l) => l,
                 Err(e) => {
@@ -282,13 +287,24 @@ impl Http {
                 .decide(api, &body, self.session.as_deref(), &loads, now)
         };
         if let Decision::Routed {
-            host: idx, cached, ..
+            host: idx,
+            cached,
+            key,
+            ..
         } = d
         {
             let Some(h) = cfg.hosts.get(idx) else {
                 return self.fallback(FallbackCause::HostError);
             };
-            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&h.address)) {
+            // The chosen host, then its ring successors for Envoy's retries
+            // (override_host takes the next one on each retry).
+            let failover = self.st.router.failover(key.hash, idx, &loads, now);
+            let dest = self
+                .st
+                .router
+                .destination(idx, &failover)
+                .unwrap_or_else(|| h.address.clone());
+            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&dest)) {
                 self.host_error("setting the destination header", e);
                 return self.fallback(FallbackCause::HostError);
             }
