@@ -2758,24 +2758,37 @@ fn an_unknown_scrape_cluster_is_counted_and_named() {
     assert!(r.ok() && r.decision.is_some(), "{r:?}");
 }
 
-// 31. Passive health counts every try (issue 21): under a bounded load (2,000 multi-turn
-//     requests, 16 at a time) a replica is killed. envoy.yaml retries tries that sent the
-//     replica nothing, so every request that had not started on the dead replica succeeds (the
-//     ones sent to it before it died may fail: their bytes may have reached it). The filter
+// 31. Passive health counts every try (issue 21), and failover through Envoy's retries (issue
+//     20): under a bounded load (2,000 multi-turn requests, 16 at a time, turns alternating
+//     between two Envoys) a replica is killed. envoy.yaml retries tries that sent the replica
+//     nothing, so every request that had not started on the dead replica succeeds (the ones
+//     sent to it before it died may fail: their bytes may have reached it). The destination
+//     header names the chosen host then its ring successors (`failover.hosts`), so a retried
+//     request lands on its key's ring successor, the same from both Envoys, and after the
+//     ejection each Envoy sends the victim's conversations to that same successor. The filter
 //     ejects it within 1 s: its streams in flight end with a lost connection (UC/UPE) and
 //     requests routed to it next are retried elsewhere, both counted as tries it did not take
-//     (health.unreachable_threshold). Before, health was recorded only for the host that
-//     finally served (a 200 cut mid-stream counted as a success), and with retries on a dead
-//     replica was never ejected (measured: 138 requests routed to it in 8 s, all retried).
+//     (health.unreachable_threshold). Restarted, the replica gets conversations again from
+//     both Envoys once its ejection (cooldown 3 s) ends. Before issue 21, health was recorded
+//     only for the host that finally served (a 200 cut mid-stream counted as a success), and
+//     with retries on a dead replica was never ejected (measured: 138 requests routed to it in
+//     8 s, all retried); before issue 20 a retry went to a round-robin host.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn a_killed_replica_is_ejected_while_retries_hide_it() {
+    use prefix_router_lab::envoy::Envoy;
     let _g = serial();
-    let mut lab = lab(
-        "e2e-retry-health",
-        EnvoyMode::PrefixRouter,
-        FilterConfig::Patched(json!({"health": {"cooldown_ms": 60000}})),
-    );
+    let filter = FilterConfig::Patched(json!({"health": {"cooldown_ms": 3000}}));
+    let mut lab = lab("e2e-retry-health", EnvoyMode::PrefixRouter, filter.clone());
+    let second = ok(Envoy::start(
+        &lab.backends,
+        &EnvoyOptions {
+            mode: EnvoyMode::PrefixRouter,
+            filter,
+            ..EnvoyOptions::default()
+        },
+        lab.dir(),
+    ));
     let workload = Workload::generate(WorkloadOptions {
         conversations: 250,
         turns: 8,
@@ -2789,12 +2802,24 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
         ..WorkloadOptions::default()
     });
     assert!(workload.total_requests() >= 2000);
-    let base = ok(lab.envoy()).url("");
+    let bases = [ok(lab.envoy()).url(""), second.url("")];
     let victim = "r2".to_string();
     let victim_addr = ok(lab.backend(&victim)).address();
+    let names: Vec<(String, String)> = lab
+        .backends
+        .iter()
+        .map(|b| (b.address(), b.name.clone()))
+        .collect();
+    let name_of = |addr: &str| {
+        names
+            .iter()
+            .find(|(a, _)| a == addr)
+            .map(|(_, n)| n.clone())
+            .unwrap_or_else(|| addr.to_string())
+    };
     let ejections = |lab: &Lab| filter_counter(lab, &["prefix_router", "health_ejections"]);
     let (run, detect, killed) = std::thread::scope(|s| {
-        let load = s.spawn(|| workload::run(&workload, &base));
+        let load = s.spawn(|| workload::run_spread(&workload, &bases));
         // A few seconds of load first, so requests are streaming from every replica.
         std::thread::sleep(Duration::from_secs(3));
         assert_eq!(ejections(&lab), 0.0, "an ejection before the kill");
@@ -2814,12 +2839,67 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
         d.as_deref()
             .is_some_and(|d| d.contains(&format!("host={victim_addr}")))
     };
+    let successor = |r: &RequestRecord| -> Option<String> {
+        let f = workload::decision_field(r.decision.as_deref()?, "failover")?;
+        f.split(',').next().map(name_of)
+    };
     let failed: Vec<_> = run.records.iter().filter(|r| !r.ok()).collect();
-    let retried = run
+    let retried: Vec<&RequestRecord> = run
         .records
         .iter()
         .filter(|r| r.ok() && on_victim(&r.decision) && r.backend.as_deref() != Some(&victim))
-        .count();
+        .collect();
+    // A retried request is served by the first failover host its header named.
+    let off_successor: Vec<_> = retried
+        .iter()
+        .filter(|r| r.backend != successor(r))
+        .map(|r| (r.backend.clone(), r.decision.clone()))
+        .take(5)
+        .collect();
+    // Next turns after the kill: every conversation's next turn (its key: system prompt and
+    // first user message) goes to the same replica through either Envoy, and a conversation
+    // the victim served before the kill goes to the successor its header named then.
+    let agent = http::agent(Duration::from_secs(30));
+    let next_turn = |base: &str, c: &workload::Conversation| -> RequestRecord {
+        let messages = vec![
+            json!({"role": "system", "content": c.system}),
+            json!({"role": "user", "content": c.user_messages.first().cloned().unwrap_or_default()}),
+            json!({"role": "assistant", "content": "(an earlier answer)"}),
+            json!({"role": "user", "content": "one more turn, after the kill"}),
+        ];
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(
+            &agent,
+            &format!("{base}/v1/chat/completions"),
+            &chat_body("sim-llm", &messages, 4),
+            &[],
+            &mut rec,
+        );
+        rec
+    };
+    let mut disagree = Vec::new();
+    let mut homed = 0;
+    let mut off_home = Vec::new();
+    for c in &workload.conversations {
+        let a = next_turn(&bases[0], c);
+        let b = next_turn(&bases[1], c);
+        if !a.ok() || !b.ok() || a.backend != b.backend {
+            disagree.push((c.id, a.backend.clone(), b.backend.clone(), a.error, b.error));
+            continue;
+        }
+        let before = run.records.iter().find(|r| {
+            r.conversation == c.id
+                && r.ok()
+                && r.started.is_some_and(|t| t < killed)
+                && r.backend.as_deref() == Some(victim.as_str())
+        });
+        if let Some(r) = before {
+            homed += 1;
+            if a.backend != successor(r) {
+                off_home.push((c.id, a.backend.clone(), successor(r)));
+            }
+        }
+    }
     let after_victim = failed
         .iter()
         .filter(|r| {
@@ -2828,12 +2908,20 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
         })
         .count();
     eprintln!(
-        "{} requests in {:?}; {} failed ({} of them had started on the killed {victim}); {retried} \
-         routed to {victim} succeeded elsewhere by retry; ejected {:?} after the kill\n{}",
+        "{} requests in {:?} through 2 Envoys; {} failed ({} of them had started on the killed \
+         {victim}); {} routed to {victim} succeeded elsewhere by retry, {} of them not on the \
+         named successor; next turns after the kill: {} of {} conversations went to different \
+         replicas through the two Envoys, {} of the {homed} {victim} had served went elsewhere \
+         than its named successor; ejected {:?} after the kill\n{}",
         run.records.len(),
         run.wall,
         failed.len(),
         after_victim,
+        retried.len(),
+        off_successor.len(),
+        disagree.len(),
+        workload.conversations.len(),
+        off_home.len(),
         detect,
         prefix_router_metrics(&lab)
     );
@@ -2854,6 +2942,23 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
         strays.is_empty(),
         "requests failed that had not started on {victim}: {strays:?}"
     );
+    assert!(
+        off_successor.is_empty(),
+        "retried requests served elsewhere than their named successor: {off_successor:?}"
+    );
+    assert!(
+        disagree.is_empty(),
+        "next turns the two Envoys sent to different replicas (or that failed): {:?}",
+        &disagree[..disagree.len().min(5)]
+    );
+    assert!(
+        homed >= 5,
+        "only {homed} conversations were served by {victim} before the kill"
+    );
+    assert!(
+        off_home.is_empty(),
+        "{victim}'s conversations whose next turn missed the named successor: {off_home:?}"
+    );
     let detect = detect.unwrap_or_else(|| {
         panic!(
             "{victim} was never ejected\n{}",
@@ -2864,6 +2969,35 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
         detect < Duration::from_secs(1),
         "{victim} ejected {detect:?} after the kill (1 s allowed)"
     );
+    // Recovery: restarted, the victim serves new conversations from both Envoys again once its
+    // ejection ends.
+    ok(lab.restart_backend(&victim));
+    for (i, base) in bases.iter().enumerate() {
+        let mut n = 0;
+        let back = ok(prefix_router_lab::process::wait_until(
+            Duration::from_secs(30),
+            || {
+                n += 1;
+                let messages = vec![json!({"role": "user", "content": format!(
+                    "recovery probe {n} through Envoy {i}: a fresh conversation"
+                )})];
+                let mut rec = RequestRecord::default();
+                workload::send_streaming(
+                    &agent,
+                    &format!("{base}/v1/chat/completions"),
+                    &chat_body("sim-llm", &messages, 4),
+                    &[],
+                    &mut rec,
+                );
+                Ok(rec.ok() && rec.backend.as_deref() == Some(victim.as_str()))
+            },
+        ));
+        assert!(
+            back,
+            "the restarted {victim} got no conversation from Envoy {i} ({n} sent)"
+        );
+        eprintln!("Envoy {i}: the restarted {victim} served new conversation probe {n}");
+    }
 }
 
 /// One trap (e2e 32): the trap request's answer, how long until a request was routed by the
