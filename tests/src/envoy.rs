@@ -280,6 +280,8 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
                 format!("{pad}health_checks:"),
                 format!("{pad}- timeout: 1s"),
                 format!("{pad}  interval: 0.25s"),
+                // Without traffic Envoy checks every 60 s by default.
+                format!("{pad}  no_traffic_interval: 0.25s"),
                 format!("{pad}  unhealthy_threshold: 1"),
                 format!("{pad}  healthy_threshold: 1"),
                 format!("{pad}  http_health_check: {{path: /health}}"),

@@ -3160,3 +3160,210 @@ fn a_trapped_vm_is_reloaded_and_counted() {
     assert!(reload.envoy_wasm_stats.contains("vm_reload"), "{reload:?}");
     drop(lab);
 }
+
+/// A lab whose cluster `llm` comes from EDS in a watched file (initially the first `initial`
+/// backends of 4), actively health-checked, with the filter's hosts from the cluster
+/// (`membership`, polled every 200 ms, no static `hosts`).
+fn eds_lab(label: &str, initial: usize, patch: serde_json::Value) -> Lab {
+    require_artifacts(true);
+    let mut filter = json!({
+        "hosts": [],
+        "membership": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 200}
+    });
+    prefix_router_lab::envoy::merge(&mut filter, &patch);
+    let mut lab = ok(Lab::start(&LabOptions {
+        label: label.to_string(),
+        backends: 4,
+        backend: backend_opts(),
+        envoy: None,
+    }));
+    let initial: Vec<String> = lab.backends[..initial]
+        .iter()
+        .map(|b| b.address())
+        .collect();
+    ok(lab.start_envoy(&EnvoyOptions {
+        mode: EnvoyMode::PrefixRouter,
+        filter: FilterConfig::Patched(filter),
+        eds: Some(prefix_router_lab::envoy::EdsOptions {
+            initial: Some(initial),
+            health_check: true,
+        }),
+        ..EnvoyOptions::default()
+    }));
+    lab
+}
+
+/// Waits (up to 10 s) until the filter's gauges say `hosts` hosts known, `healthy` of them
+/// healthy, from Envoy's cluster.
+fn wait_membership(lab: &Lab, hosts: usize, healthy: usize) {
+    let g = |name: &str| filter_counter(lab, &[name]);
+    let seen = ok(prefix_router_lab::process::wait_until(
+        Duration::from_secs(10),
+        || {
+            Ok(g("prefix_router_membership_hosts") == hosts as f64
+                && g("prefix_router_membership_healthy") == healthy as f64
+                && g("prefix_router_membership_source") == 2.0)
+        },
+    ));
+    assert!(
+        seen,
+        "the filter did not see {hosts} hosts ({healthy} healthy) from the cluster\n{:?}\n{}",
+        ok(lab.envoy()).cluster_hosts("llm"),
+        prefix_router_metrics(lab)
+    );
+}
+
+/// The replica each conversation key (one user message each) goes to now, by name.
+fn homes_of(agent: &ureq::Agent, lab: &Lab, keys: &[String]) -> Vec<String> {
+    keys.iter()
+        .map(|k| {
+            let r = chat(agent, lab, k);
+            assert!(r.ok() && r.decision.is_some(), "{r:?}");
+            r.backend.clone().unwrap_or_default()
+        })
+        .collect()
+}
+
+fn eds_of(lab: &Lab, names: &[&str]) -> Vec<(String, Option<&'static str>)> {
+    names
+        .iter()
+        .map(|n| (ok(lab.backend(n)).address(), None))
+        .collect()
+}
+
+// 33. The host list follows the Envoy cluster (issue 20): the filter learns cluster `llm`'s
+//     hosts from Envoy's admin (`membership`), while EDS (a watched file) changes the cluster
+//     under the running Envoy: no filter restart, no config push. 3 -> 4 replicas: the new one
+//     gets about a quarter of new conversations, and an existing conversation moves only if its
+//     key is now the new replica's (at most 1/4 of them plus a margin); 4 -> 3: only the removed
+//     replica's conversations move.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn the_host_list_follows_the_envoy_cluster() {
+    let _g = serial();
+    let lab = eds_lab("e2e-membership", 3, json!({}));
+    let starts = || filter_counter(&lab, &["prefix_router_vm_starts"]);
+    wait_membership(&lab, 3, 3);
+    let vm_starts = starts();
+    let agent = http::agent(Duration::from_secs(30));
+    let keys: Vec<String> = (0..200)
+        .map(|i| format!("membership conversation {i:03}: tell me about topic {i}"))
+        .collect();
+    let before = homes_of(&agent, &lab, &keys);
+    assert!(
+        !before.iter().any(|h| h == "r4"),
+        "r4 is not in the cluster yet"
+    );
+    // 3 -> 4.
+    ok(ok(lab.envoy()).set_eds(&eds_of(&lab, &["r1", "r2", "r3", "r4"])));
+    wait_membership(&lab, 4, 4);
+    let grown = homes_of(&agent, &lab, &keys);
+    let moved: Vec<usize> = (0..keys.len()).filter(|&i| before[i] != grown[i]).collect();
+    let moved_elsewhere = moved.iter().filter(|&&i| grown[i] != "r4").count();
+    let fresh: Vec<String> = (0..400)
+        .map(|i| format!("a new conversation {i:03} after the scale-up"))
+        .collect();
+    let fresh_homes = homes_of(&agent, &lab, &fresh);
+    let on_new = fresh_homes.iter().filter(|h| *h == "r4").count();
+    // 4 -> 3: r2 goes.
+    ok(ok(lab.envoy()).set_eds(&eds_of(&lab, &["r1", "r3", "r4"])));
+    wait_membership(&lab, 3, 3);
+    let shrunk = homes_of(&agent, &lab, &keys);
+    let moved_off: Vec<usize> = (0..keys.len()).filter(|&i| grown[i] != shrunk[i]).collect();
+    let wrongly_moved = moved_off.iter().filter(|&&i| grown[i] != "r2").count();
+    let r2_keys = grown.iter().filter(|h| *h == "r2").count();
+    eprintln!(
+        "3 -> 4: {} of {} conversations moved ({moved_elsewhere} not to the new r4); {on_new} of \
+         {} new conversations went to r4. 4 -> 3 (r2 removed): {} moved, {} of them not from \
+         r2 (r2 held {r2_keys}). VM starts {vm_starts} -> {}\n{}",
+        moved.len(),
+        keys.len(),
+        fresh.len(),
+        moved_off.len(),
+        wrongly_moved,
+        starts(),
+        prefix_router_metrics(&lab)
+    );
+    assert_eq!(moved_elsewhere, 0, "conversations moved to an old replica");
+    assert!(
+        moved.len() * 100 <= keys.len() * 35,
+        "{} of {} conversations moved at 3 -> 4",
+        moved.len(),
+        keys.len()
+    );
+    assert!(
+        (60..=140).contains(&on_new),
+        "r4 got {on_new} of 400 new conversations (about 100 expected)"
+    );
+    assert_eq!(wrongly_moved, 0, "conversations moved that r2 did not hold");
+    assert_eq!(
+        moved_off.len(),
+        r2_keys,
+        "r2's conversations did not all move"
+    );
+    assert!(!shrunk.iter().any(|h| h == "r2"), "r2 still chosen");
+    assert_eq!(starts(), vm_starts, "the filter's VMs restarted");
+    assert!(filter_counter(&lab, &["prefix_router_membership_changes"]) >= 2.0);
+}
+
+// 34. A replica failing Envoy's active health check (issue 20) gets no routed request: the
+//     filter reads the health flags from Envoy's admin (`membership`) and skips it (its keys go
+//     to their ring successors); once it passes again it gets its conversations back.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn a_replica_failing_active_health_checks_gets_nothing_until_it_recovers() {
+    let _g = serial();
+    let mut lab = eds_lab("e2e-membership-health", 4, json!({}));
+    wait_membership(&lab, 4, 4);
+    let agent = http::agent(Duration::from_secs(30));
+    let keys: Vec<String> = (0..120)
+        .map(|i| format!("health conversation {i:03}: something to ask {i}"))
+        .collect();
+    let before = homes_of(&agent, &lab, &keys);
+    let on_r3 = before.iter().filter(|h| *h == "r3").count();
+    assert!(on_r3 > 0, "no conversation on r3");
+    // r3 stops answering: Envoy's active health check fails it (every 250 ms).
+    ok(lab.backend_mut("r3")).kill();
+    wait_membership(&lab, 4, 3);
+    let r3_addr = ok(lab.backend("r3")).address();
+    let mut routed_to_r3 = 0;
+    let mut failed = Vec::new();
+    let during: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            let r = chat(&agent, &lab, k);
+            if r.decision
+                .as_deref()
+                .is_some_and(|d| d.contains(&format!("host={r3_addr};")))
+            {
+                routed_to_r3 += 1;
+            }
+            if !r.ok() {
+                failed.push(r.clone());
+            }
+            r.backend.clone().unwrap_or_default()
+        })
+        .collect();
+    let moved_not_r3 = (0..keys.len())
+        .filter(|&i| before[i] != "r3" && during[i] != before[i])
+        .count();
+    // Recovery.
+    ok(lab.restart_backend("r3"));
+    wait_membership(&lab, 4, 4);
+    let after = homes_of(&agent, &lab, &keys);
+    let back = (0..keys.len())
+        .filter(|&i| before[i] == "r3" && after[i] == "r3")
+        .count();
+    eprintln!(
+        "{on_r3} of {} conversations on r3; while it failed its health check: {routed_to_r3} \
+         routed to it, {} failed, {moved_not_r3} others moved; after it recovered {back} of \
+         {on_r3} came back\n{}",
+        keys.len(),
+        failed.len(),
+        prefix_router_metrics(&lab)
+    );
+    assert_eq!(routed_to_r3, 0, "requests routed to the unhealthy r3");
+    assert!(failed.is_empty(), "requests failed: {failed:?}");
+    assert_eq!(moved_not_r3, 0, "conversations moved that r3 did not hold");
+    assert_eq!(back, on_r3, "r3's conversations did not all come back");
+}

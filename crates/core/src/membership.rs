@@ -27,10 +27,12 @@
 //!
 //! ## Health
 //! A member Envoy does not consider healthy (active health check failed,
-//! outlier-ejected, EDS status UNHEALTHY / DRAINING / TIMEOUT, pending
-//! removal or a first active check) stays in its slot, keeps its index
-//! entries, and is not eligible: its keys go to their ring successors, and
-//! come back when it recovers.
+//! outlier-ejected, EDS status UNHEALTHY / DRAINING / TIMEOUT, or waiting for
+//! its first active check) stays in its slot, keeps its index entries, and
+//! is not eligible: its keys go to their ring successors, and come back when
+//! it recovers. A host EDS removed but Envoy still drains
+//! (`pending_dynamic_removal`: with active health checks Envoy keeps a
+//! removed host until it fails a check) counts as gone.
 //!
 //! ## Failover
 //! [`crate::Router::failover`] lists the chosen host's ring successors; the
@@ -318,7 +320,6 @@ impl AdminHealth {
         eds_ok
             && !self.failed_active_health_check
             && !self.failed_outlier_check
-            && !self.pending_dynamic_removal
             && !self.pending_active_hc
             && !self.excluded_via_immediate_hc_fail
             && !self.active_hc_timeout
@@ -339,6 +340,11 @@ pub fn parse_admin_clusters(body: &[u8], cluster: &str) -> Result<Vec<Member>, M
         .ok_or(MembershipError::NoCluster)?;
     let mut out: Vec<Member> = Vec::new();
     for h in c.host_statuses {
+        // EDS removed it; Envoy keeps it while it drains (a host that still
+        // passes its active health check stays until it fails one): gone.
+        if h.health_status.pending_dynamic_removal {
+            continue;
+        }
         let Some(s) = h.address.and_then(|a| a.socket_address) else {
             continue;
         };
@@ -665,6 +671,13 @@ mod tests {
                 r#"{"eds_health_status": "DRAINING"}"#,
             ),
             ("::1", 18005, Some(""), 5000, "{}"),
+            (
+                "127.0.0.1",
+                18006,
+                None,
+                1,
+                r#"{"pending_dynamic_removal": true, "eds_health_status": "HEALTHY"}"#,
+            ),
             ("127.0.0.1", 18001, None, 1, OK),
         ]);
         let m = parse_admin_clusters(&body, "llm").unwrap();
