@@ -166,7 +166,7 @@ cmd_fuzz() {
     rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
     mkdir -p "$ROOT/fuzz/logs"
-    for t in route config load_reports gossip; do
+    for t in route config load_reports gossip membership; do
         step "fuzz: $t for ${secs} s (corpus fuzz/corpus/$t, seeds fuzz/seeds/$t)"
         mkdir -p "$ROOT/fuzz/corpus/$t"
         log="$ROOT/fuzz/logs/$t.log"

@@ -45,7 +45,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::config::{ConfigError, Host, MAX_HOSTS};
 use crate::load::{cas_update, SharedStore, StoreError};
@@ -253,77 +253,21 @@ impl std::fmt::Display for MembershipError {
     }
 }
 
-#[derive(Deserialize)]
-struct AdminClusters {
-    #[serde(default)]
-    cluster_statuses: Vec<AdminCluster>,
-}
-
-#[derive(Deserialize)]
-struct AdminCluster {
-    #[serde(default)]
-    name: String,
-    #[serde(default)]
-    host_statuses: Vec<AdminHost>,
-}
-
-#[derive(Deserialize)]
-struct AdminHost {
-    #[serde(default)]
-    address: Option<AdminAddress>,
-    #[serde(default)]
-    health_status: AdminHealth,
-    #[serde(default)]
-    weight: Option<u64>,
-    #[serde(default)]
-    hostname: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct AdminAddress {
-    #[serde(default)]
-    socket_address: Option<AdminSocket>,
-}
-
-#[derive(Deserialize)]
-struct AdminSocket {
-    #[serde(default)]
-    address: String,
-    #[serde(default)]
-    port_value: u32,
-}
-
-#[derive(Deserialize, Default)]
-struct AdminHealth {
-    #[serde(default)]
-    failed_active_health_check: bool,
-    #[serde(default)]
-    failed_outlier_check: bool,
-    #[serde(default)]
-    pending_dynamic_removal: bool,
-    #[serde(default)]
-    pending_active_hc: bool,
-    #[serde(default)]
-    excluded_via_immediate_hc_fail: bool,
-    #[serde(default)]
-    active_hc_timeout: bool,
-    #[serde(default)]
-    eds_health_status: Option<String>,
-}
-
-impl AdminHealth {
-    fn healthy(&self) -> bool {
-        let eds_ok = matches!(
-            self.eds_health_status.as_deref(),
-            None | Some("UNKNOWN" | "HEALTHY" | "DEGRADED")
-        );
-        eds_ok
-            && !self.failed_active_health_check
-            && !self.failed_outlier_check
-            && !self.pending_active_hc
-            && !self.excluded_via_immediate_hc_fail
-            && !self.active_hc_timeout
-    }
+/// Whether Envoy would send traffic to a host with these admin
+/// `health_status` flags.
+fn healthy(h: &serde_json::Value) -> bool {
+    let flag = |n: &str| h.get(n).and_then(serde_json::Value::as_bool) == Some(true);
+    let eds_ok = matches!(
+        h.get("eds_health_status")
+            .and_then(serde_json::Value::as_str),
+        None | Some("UNKNOWN" | "HEALTHY" | "DEGRADED")
+    );
+    eds_ok
+        && !flag("failed_active_health_check")
+        && !flag("failed_outlier_check")
+        && !flag("pending_active_hc")
+        && !flag("excluded_via_immediate_hc_fail")
+        && !flag("active_hc_timeout")
 }
 
 /// The hosts of `cluster` in an admin `/clusters?format=json` answer, in
@@ -331,27 +275,49 @@ impl AdminHealth {
 /// addresses) are skipped; a repeated address counts once (its first
 /// listing).
 pub fn parse_admin_clusters(body: &[u8], cluster: &str) -> Result<Vec<Member>, MembershipError> {
-    let all: AdminClusters =
+    use serde_json::Value;
+    let all: Value =
         serde_json::from_slice(body).map_err(|e| MembershipError::Parse(e.to_string()))?;
-    let c = all
-        .cluster_statuses
-        .into_iter()
-        .find(|c| c.name == cluster)
+    let statuses = match all.get("cluster_statuses") {
+        None => &[][..],
+        Some(Value::Array(a)) => a.as_slice(),
+        Some(_) => {
+            return Err(MembershipError::Parse(
+                "cluster_statuses is not an array".into(),
+            ))
+        }
+    };
+    let c = statuses
+        .iter()
+        .find(|c| c.get("name").and_then(Value::as_str) == Some(cluster))
         .ok_or(MembershipError::NoCluster)?;
+    let hosts = c
+        .get("host_statuses")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice);
     let mut out: Vec<Member> = Vec::new();
-    for h in c.host_statuses {
+    for h in hosts {
+        let hs = h.get("health_status").unwrap_or(&Value::Null);
         // EDS removed it; Envoy keeps it while it drains (a host that still
         // passes its active health check stays until it fails one): gone.
-        if h.health_status.pending_dynamic_removal {
+        if hs.get("pending_dynamic_removal").and_then(Value::as_bool) == Some(true) {
             continue;
         }
-        let Some(s) = h.address.and_then(|a| a.socket_address) else {
+        let Some(sa) = h.get("address").and_then(|a| a.get("socket_address")) else {
             continue;
         };
-        let Ok(ip) = s.address.parse::<IpAddr>() else {
+        let Some(ip) = sa
+            .get("address")
+            .and_then(Value::as_str)
+            .and_then(|a| a.parse::<IpAddr>().ok())
+        else {
             continue;
         };
-        let Ok(port) = u16::try_from(s.port_value) else {
+        let Some(port) = sa
+            .get("port_value")
+            .and_then(Value::as_u64)
+            .and_then(|p| u16::try_from(p).ok())
+        else {
             continue;
         };
         if port == 0 || ip.is_unspecified() {
@@ -365,14 +331,17 @@ pub fn parse_admin_clusters(body: &[u8], cluster: &str) -> Result<Vec<Member>, M
             return Err(MembershipError::TooManyHosts(out.len() + 1));
         }
         let hostname = h
-            .hostname
-            .filter(|n| !n.is_empty() && n.len() <= 256 && !n.chars().any(char::is_control));
+            .get("hostname")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty() && n.len() <= 256 && !n.chars().any(char::is_control))
+            .map(str::to_string);
+        let weight = h.get("weight").and_then(Value::as_u64).unwrap_or(1);
         out.push(Member {
             address,
             hostname,
-            // `as` saturates; Envoy's weights are >= 1.
-            weight: h.weight.unwrap_or(1).clamp(1, 1000) as f64,
-            healthy: h.health_status.healthy(),
+            // `as` is exact up to 1000.
+            weight: weight.clamp(1, 1000) as f64,
+            healthy: healthy(hs),
         });
     }
     if out.is_empty() {
@@ -382,7 +351,7 @@ pub fn parse_admin_clusters(body: &[u8], cluster: &str) -> Result<Vec<Member>, M
 }
 
 /// One slot of the host table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Slot {
     /// `ip:port`.
     pub address: String,
@@ -395,7 +364,7 @@ pub struct Slot {
 }
 
 /// The host table: slot `i` is host index `i`; `None` is a free slot.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Table {
     /// Bumped at every change.
     pub version: u64,
@@ -565,14 +534,67 @@ impl Table {
             .collect()
     }
 
-    /// Encoded for shared data (JSON).
+    /// Encoded for shared data: version (u64 LE), then per slot a tag
+    /// byte (0 free, 1 healthy, 2 unhealthy) and, for a member, its weight
+    /// (f64 LE) and its address and name (u16 LE length, bytes).
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let mut out = Vec::with_capacity(8 + self.slots.len() * 48);
+        out.extend_from_slice(&self.version.to_le_bytes());
+        for s in &self.slots {
+            match s {
+                None => out.push(0),
+                Some(s) => {
+                    out.push(if s.healthy { 1 } else { 2 });
+                    out.extend_from_slice(&s.weight.to_le_bytes());
+                    for t in [&s.address, &s.name] {
+                        let b = t.as_bytes();
+                        let b = b.get(..usize::from(u16::MAX)).unwrap_or(b);
+                        out.extend_from_slice(&(b.len() as u16).to_le_bytes());
+                        out.extend_from_slice(b);
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Decoded from shared data (`None`: absent or unreadable).
     pub fn decode(v: Option<&[u8]>) -> Option<Table> {
-        serde_json::from_slice(v?).ok()
+        let mut b = v?;
+        let mut take = |n: usize| -> Option<&[u8]> {
+            let (h, t) = (b.get(..n)?, b.get(n..)?);
+            b = t;
+            Some(h)
+        };
+        let version = u64::from_le_bytes(take(8)?.try_into().ok()?);
+        let mut slots = Vec::new();
+        loop {
+            let Some(tag) = take(1) else { break };
+            match tag.first() {
+                Some(0) => slots.push(None),
+                Some(t @ (1 | 2)) => {
+                    let healthy = *t == 1;
+                    let weight = f64::from_le_bytes(take(8)?.try_into().ok()?);
+                    let mut text = || -> Option<String> {
+                        let n = u16::from_le_bytes(take(2)?.try_into().ok()?);
+                        String::from_utf8(take(usize::from(n))?.to_vec()).ok()
+                    };
+                    let address = text()?;
+                    let name = text()?;
+                    slots.push(Some(Slot {
+                        address,
+                        name,
+                        weight,
+                        healthy,
+                    }));
+                }
+                _ => return None,
+            }
+            if slots.len() > MAX_HOSTS {
+                return None;
+            }
+        }
+        Some(Table { version, slots })
     }
 }
 
