@@ -568,8 +568,7 @@ impl Table {
         };
         let version = u64::from_le_bytes(take(8)?.try_into().ok()?);
         let mut slots = Vec::new();
-        loop {
-            let Some(tag) = take(1) else { break };
+        while let Some(tag) = take(1) {
             match tag.first() {
                 Some(0) => slots.push(None),
                 Some(t @ (1 | 2)) => {
