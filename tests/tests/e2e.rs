@@ -3197,6 +3197,7 @@ fn eds_lab(label: &str, initial: usize, patch: serde_json::Value) -> Lab {
 /// healthy, from Envoy's cluster.
 fn wait_membership(lab: &Lab, hosts: usize, healthy: usize) {
     let g = |name: &str| filter_counter(lab, &[name]);
+    let t0 = std::time::Instant::now();
     let seen = ok(prefix_router_lab::process::wait_until(
         Duration::from_secs(10),
         || {
@@ -3210,6 +3211,10 @@ fn wait_membership(lab: &Lab, hosts: usize, healthy: usize) {
         "the filter did not see {hosts} hosts ({healthy} healthy) from the cluster\n{:?}\n{}",
         ok(lab.envoy()).cluster_hosts("llm"),
         prefix_router_metrics(lab)
+    );
+    eprintln!(
+        "the filter saw {hosts} hosts ({healthy} healthy) {:?} after the change",
+        t0.elapsed()
     );
 }
 

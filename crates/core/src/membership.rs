@@ -883,6 +883,22 @@ mod tests {
         assert_eq!(e.field, "membership.timeout_ms");
         let e = RawFailover { hosts: 9 }.compile().unwrap_err();
         assert_eq!(e.field, "failover.hosts");
+        // `hosts` is optional with `membership` only.
+        let c = Config::from_json(br#"{"membership": {"cluster": "llm"}}"#).unwrap();
+        assert!(c.hosts.is_empty());
+        assert_eq!(c.membership.unwrap().admin_cluster, "envoy_admin");
+        let e = Config::from_json(br#"{"hosts": []}"#).unwrap_err();
+        assert_eq!(e.field, "hosts");
+        let e = Config::from_json(
+            br#"{"hosts": [{"address": "127.0.0.1:1"}], "membership": {"cluster": "llm", "x": 1}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "membership.x");
+        let c = Config::from_json(
+            br#"{"hosts": [{"address": "127.0.0.1:1"}], "failover": {"hosts": 0}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.failover_hosts, 0);
     }
 
     #[test]
@@ -931,5 +947,28 @@ mod tests {
         let r0 = Router::new(cfg);
         assert!(r0.failover(1, 0, &loads, 0).is_empty());
         assert_eq!(r0.destination(0, &[]).unwrap(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn no_hosts_yet_falls_back_in_every_mode() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hello there"}]}"#;
+        for mode in ["spill", "off", "index"] {
+            let json =
+                format!(r#"{{"membership": {{"cluster": "llm"}}, "cost": {{"mode": "{mode}"}}}}"#);
+            let r = Router::new(Config::from_json(json.as_bytes()).unwrap());
+            let d = r.decide(crate::extract::Api::ChatCompletions, body, None, &[], 0);
+            assert!(matches!(d, crate::Decision::Fallback(_)), "{mode}: {d:?}");
+            let idx = crate::index::PrefixIndex::new(r.config().cost.index);
+            let (d, _) = r.decide_with_cost(
+                crate::extract::Api::ChatCompletions,
+                body,
+                None,
+                &[],
+                &idx,
+                0,
+            );
+            assert!(matches!(d, crate::Decision::Fallback(_)), "{mode}: {d:?}");
+            assert!(r.failover(1, 0, &[], 0).is_empty());
+        }
     }
 }
