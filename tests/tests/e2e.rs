@@ -3372,3 +3372,77 @@ fn a_replica_failing_active_health_checks_gets_nothing_until_it_recovers() {
     assert_eq!(moved_not_r3, 0, "conversations moved that r3 did not hold");
     assert_eq!(back, on_r3, "r3's conversations did not all come back");
 }
+
+// 35. Gossip peers discovered from an Envoy cluster (issue 20): two Envoys whose filter JSON lists
+//     no gossip peer (`gossip.peers: []`) but names the peer Envoys' cluster
+//     (`membership.peers_cluster`); each learns the other from its admin and gossips to it.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn gossip_peers_come_from_the_peer_envoys_cluster() {
+    let _g = serial();
+    require_artifacts(true);
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-gossip-peers".to_string(),
+        backends: 4,
+        backend: backend_opts(),
+        envoy: None,
+    }));
+    let filter = FilterConfig::Patched(json!({
+        "cost": {"mode": "index"},
+        "gossip": {"peers": [], "cluster": "prefix_router_peers", "interval_ms": 100},
+        "membership": {"cluster": "llm", "peers_cluster": "prefix_router_peers", "interval_ms": 200}
+    }));
+    let envoys = ok(lab.start_envoys(2, EnvoyMode::PrefixRouter, &filter, false, false));
+    let agent = http::agent(Duration::from_secs(30));
+    let counter = |e: &prefix_router_lab::envoy::Envoy, name: &str| -> f64 {
+        prom::sum_matching(&ok(e.prometheus()), &["prefix_router", "gossip", name])
+    };
+    // Every VM (main + 2 workers) of both Envoys learned its peer from the admin.
+    let learned = ok(prefix_router_lab::process::wait_until(
+        Duration::from_secs(10),
+        || {
+            Ok(envoys
+                .iter()
+                .all(|e| e.log().matches("gossip peers from Envoy").count() >= 3))
+        },
+    ));
+    assert!(
+        learned,
+        "the Envoys did not learn their peers:\n{}",
+        envoys[0].log()
+    );
+    for i in 0..10 {
+        // Over 1 KiB: the index records a prompt every 16 chunks of 64 bytes.
+        let text = format!("gossip peers {i}: {}", "a long document line. ".repeat(120));
+        let messages = vec![json!({"role": "user", "content": text})];
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(
+            &agent,
+            &envoys[0].url("/v1/chat/completions"),
+            &chat_body("sim-llm", &messages, 4),
+            &[],
+            &mut rec,
+        );
+        assert!(rec.ok(), "{rec:?}");
+    }
+    let applied = ok(prefix_router_lab::process::wait_until(
+        Duration::from_secs(10),
+        || Ok(counter(&envoys[0], "sent") >= 10.0 && counter(&envoys[1], "applied") >= 10.0),
+    ));
+    let peer_b = format!("127.0.0.1:{}", envoys[1].listener_port);
+    let log_a = envoys[0].log();
+    let line = log_a
+        .lines()
+        .find(|l| l.contains("gossip peers from Envoy"))
+        .unwrap_or_default();
+    eprintln!(
+        "A: {line}\nA sent {}, B applied {}",
+        counter(&envoys[0], "sent"),
+        counter(&envoys[1], "applied")
+    );
+    assert!(
+        line.contains(&peer_b) && !line.contains(&format!("127.0.0.1:{}", envoys[0].listener_port)),
+        "A did not learn exactly B ({peer_b}) as its peer: {line:?}"
+    );
+    assert!(applied, "A's observations did not reach B");
+}

@@ -57,7 +57,7 @@
 //! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
 //! | `gossip` | none | index gossip between Envoys (needs `cost.mode: index`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64, each once; not `name`) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`; a path alone, not one of `paths`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). With `name` (none: off; this Envoy's own address as its peers list it in their `peers`) every batch also carries this Envoy's pending prefill tokens per replica, sent when they change or every five intervals even with no observation, and each peer adds to its own pending tokens, per replica, the larger of the report's others and what its listed peers sent within the last `max(10 x interval_ms, 1000)` ms (load gossip: [`crate::gossip::Loads`]). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
 //! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required; the filter cannot list Envoy's clusters at configure time, so a cluster Envoy does not have shows at the first scrape: Envoy refuses the call, the filter logs an error naming `scrape.cluster` and counts `prefix_router.scrape.unknown_cluster`), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: index`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
-//! | `membership` | none | hosts from an Envoy cluster ([`crate::membership`]): `cluster` (required: the replicas' cluster), `admin_cluster` (`envoy_admin`: a loopback cluster to this Envoy's admin listener), `admin_path` (`/clusters?format=json`), `interval_ms` (1000, `100..=600000`), `timeout_ms` (500, at most `interval_ms`); `hosts` becomes an optional seed |
+//! | `membership` | none | hosts from an Envoy cluster ([`crate::membership`]): `cluster` (required: the replicas' cluster), `admin_cluster` (`envoy_admin`: a loopback cluster to this Envoy's admin listener), `admin_path` (`/clusters?format=json`), `interval_ms` (1000, `100..=600000`), `timeout_ms` (500 or `interval_ms` if shorter), `peers_cluster` (none: the peer Envoys' cluster, whose healthy hosts less `gossip.name` become `gossip.peers`; needs `gossip`); `hosts` becomes an optional seed |
 //! | `failover.hosts` | 2 | ring successors named after the chosen host in the destination header for Envoy's retries, `0..=8` ([`crate::membership`], "Failover") |
 
 use serde::Deserialize;
@@ -1294,6 +1294,15 @@ impl RawConfig {
             Some(m) => Some(m.compile()?),
         };
         let failover_hosts = self.failover.compile()?;
+        if let Some(p) = membership.as_ref().and_then(|m| m.peers_cluster.as_ref()) {
+            if self.gossip.is_none() {
+                return Err(err(
+                    "membership.peers_cluster",
+                    format!("{p:?}"),
+                    "names the gossip peers' cluster: needs `gossip`",
+                ));
+            }
+        }
         if self.hosts.is_empty() && membership.is_none() {
             return Err(err(
                 "hosts",

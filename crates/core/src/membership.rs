@@ -72,9 +72,17 @@ pub struct RawMembership {
     /// came or went takes to reach the ring at most.
     #[serde(default = "d_interval")]
     pub interval_ms: u64,
-    /// Timeout of one poll in ms (default 500, at most `interval_ms`).
-    #[serde(default = "d_timeout")]
-    pub timeout_ms: u64,
+    /// Timeout of one poll in ms (default 500, or `interval_ms` if that is
+    /// shorter; at most `interval_ms`).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// The Envoy cluster of the peer Envoys (e.g. `prefix_router_peers`, a
+    /// STRICT_DNS cluster of the gateway's headless Service): its healthy
+    /// hosts become `gossip.peers` at every poll, less this Envoy itself
+    /// (the peer equal to `gossip.name`). Needs `gossip`; absent: the
+    /// peers are `gossip.peers` as written.
+    #[serde(default)]
+    pub peers_cluster: Option<String>,
 }
 
 fn d_admin_cluster() -> String {
@@ -85,9 +93,6 @@ fn d_admin_path() -> String {
 }
 fn d_interval() -> u64 {
     1000
-}
-fn d_timeout() -> u64 {
-    500
 }
 
 /// Validated `membership`.
@@ -103,6 +108,8 @@ pub struct MembershipConfig {
     pub interval_ms: u64,
     /// Poll timeout, ms.
     pub timeout_ms: u64,
+    /// The peer Envoys' cluster (gossip peers from Envoy).
+    pub peers_cluster: Option<String>,
 }
 
 fn err(field: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError {
@@ -116,10 +123,14 @@ fn err(field: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError 
 impl RawMembership {
     /// Validate.
     pub fn compile(&self) -> Result<MembershipConfig, ConfigError> {
+        let peers = self.peers_cluster.as_ref();
         for (f, v) in [
             ("membership.cluster", &self.cluster),
             ("membership.admin_cluster", &self.admin_cluster),
-        ] {
+        ]
+        .into_iter()
+        .chain(peers.map(|p| ("membership.peers_cluster", p)))
+        {
             if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
                 return Err(err(
                     f,
@@ -150,10 +161,11 @@ impl RawMembership {
                 "must be 100..=600000",
             ));
         }
-        if self.timeout_ms == 0 || self.timeout_ms > self.interval_ms {
+        let timeout_ms = self.timeout_ms.unwrap_or(self.interval_ms.min(500));
+        if timeout_ms == 0 || timeout_ms > self.interval_ms {
             return Err(err(
                 "membership.timeout_ms",
-                self.timeout_ms,
+                timeout_ms,
                 "must be > 0 and at most membership.interval_ms",
             ));
         }
@@ -162,7 +174,8 @@ impl RawMembership {
             admin_cluster: self.admin_cluster.clone(),
             admin_path: self.admin_path.clone(),
             interval_ms: self.interval_ms,
-            timeout_ms: self.timeout_ms,
+            timeout_ms,
+            peers_cluster: self.peers_cluster.clone(),
         })
     }
 }
@@ -347,6 +360,24 @@ pub fn parse_admin_clusters(body: &[u8], cluster: &str) -> Result<Vec<Member>, M
     if out.is_empty() {
         return Err(MembershipError::NoHosts);
     }
+    Ok(out)
+}
+
+/// The gossip peers in an admin answer: the healthy hosts of
+/// `peers_cluster`, sorted, less `own` (this Envoy's `gossip.name`, which
+/// must then be written as the cluster lists it, `ip:port`).
+pub fn parse_peers(
+    body: &[u8],
+    peers_cluster: &str,
+    own: Option<&str>,
+) -> Result<Vec<String>, MembershipError> {
+    let mut out: Vec<String> = parse_admin_clusters(body, peers_cluster)?
+        .into_iter()
+        .filter(|m| m.healthy && Some(m.address.as_str()) != own)
+        .map(|m| m.address)
+        .take(crate::config::MAX_GOSSIP_PEERS)
+        .collect();
+    out.sort();
     Ok(out)
 }
 
@@ -947,6 +978,30 @@ mod tests {
         let r0 = Router::new(cfg);
         assert!(r0.failover(1, 0, &loads, 0).is_empty());
         assert_eq!(r0.destination(0, &[]).unwrap(), "127.0.0.1:1");
+    }
+
+    #[test]
+    fn peers_are_the_healthy_hosts_of_their_cluster_less_this_envoy() {
+        let body = serde_json::to_vec(&serde_json::json!({"cluster_statuses": [
+            {"name": "prefix_router_peers", "host_statuses": [
+                {"address": {"socket_address": {"address": "10.0.0.3", "port_value": 10000}}},
+                {"address": {"socket_address": {"address": "10.0.0.1", "port_value": 10000}}},
+                {"address": {"socket_address": {"address": "10.0.0.2", "port_value": 10000}}},
+                {"address": {"socket_address": {"address": "10.0.0.4", "port_value": 10000}},
+                 "health_status": {"failed_outlier_check": true}}
+            ]}
+        ]}))
+        .unwrap();
+        assert_eq!(
+            parse_peers(&body, "prefix_router_peers", Some("10.0.0.2:10000")).unwrap(),
+            vec!["10.0.0.1:10000", "10.0.0.3:10000"]
+        );
+        assert_eq!(
+            parse_peers(&body, "prefix_router_peers", None)
+                .unwrap()
+                .len(),
+            3
+        );
     }
 
     #[test]

@@ -79,9 +79,10 @@ impl Poller {
         }
     }
 
-    /// A poll answered (or failed). Returns the shared table as stored
-    /// after merging the answer (`None` if this token is not ours or the
-    /// answer was not usable).
+    /// A poll answered (or failed). Returns whether the token was this
+    /// poller's, the shared table as stored after merging the answer
+    /// (`None` if the answer was not usable), and with
+    /// `membership.peers_cluster` the gossip peers it lists.
     pub fn response(
         &mut self,
         token: u32,
@@ -90,10 +91,24 @@ impl Poller {
         seed: &[prefix_router_core::config::Host],
         m: &MembershipConfig,
         metrics: &Metrics,
-    ) -> Option<Table> {
+    ) -> Option<(Option<Table>, Option<Vec<String>>)> {
         if self.pending != Some(token) {
             return None;
         }
+        let mut peers = None;
+        let table = self.answer(body_size, cfg, seed, m, metrics, &mut peers);
+        Some((table, peers))
+    }
+
+    fn answer(
+        &mut self,
+        body_size: usize,
+        cfg: &Config,
+        seed: &[prefix_router_core::config::Host],
+        m: &MembershipConfig,
+        metrics: &Metrics,
+        peers: &mut Option<Vec<String>>,
+    ) -> Option<Table> {
         self.pending = None;
         let status = host::call_response_header(":status")
             .ok()
@@ -118,6 +133,19 @@ impl Poller {
                 return None;
             }
         };
+        if let Some(pc) = &m.peers_cluster {
+            let own = cfg.gossip.as_ref().and_then(|g| g.name.as_deref());
+            match prefix_router_core::membership::parse_peers(&body, pc, own) {
+                Ok(p) => *peers = Some(p),
+                Err(e) => {
+                    metrics.inc(metrics.membership_poll_errors, 1);
+                    host::log(
+                        LogLevel::Debug,
+                        &format!("prefix-router: gossip peers of {pc:?}: {e}"),
+                    );
+                }
+            }
+        }
         let members = match parse_admin_clusters(&body, &m.cluster) {
             Ok(v) => v,
             Err(e) => {

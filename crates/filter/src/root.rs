@@ -79,17 +79,49 @@ impl Root {
     /// started with; slots are stable, so host indices mean the same in
     /// both.
     fn apply_table(&mut self, t: &prefix_router_core::membership::Table) {
-        let Some(old) = self.state.clone() else {
-            return;
-        };
         if self.table_version == Some(t.version) {
             return;
         }
         self.table_version = Some(t.version);
+        self.rebuild(Some(t.hosts()), None);
+    }
+
+    /// Apply the gossip peers a poll found (`membership.peers_cluster`).
+    fn apply_peers(&mut self, peers: Vec<String>) {
+        let Some(st) = &self.state else { return };
+        let same = st.router.config().gossip.as_ref().map(|g| &g.peers) == Some(&peers);
+        if !same {
+            host::log(
+                LogLevel::Info,
+                &format!("prefix-router: gossip peers from Envoy: {peers:?}"),
+            );
+            self.rebuild(None, Some(peers));
+        }
+    }
+
+    /// Replace this VM's state with one over new hosts and/or gossip peers.
+    fn rebuild(
+        &mut self,
+        hosts: Option<Vec<prefix_router_core::config::Host>>,
+        peers: Option<Vec<String>>,
+    ) {
+        let Some(old) = self.state.clone() else {
+            return;
+        };
         let mut cfg = old.router.config().clone();
-        cfg.hosts = t.hosts();
+        if let Some(h) = hosts {
+            cfg.hosts = h;
+        }
+        if let (Some(p), Some(g)) = (peers, cfg.gossip.as_mut()) {
+            g.peers = p;
+        }
         let metrics = Metrics::define(&cfg);
-        metrics.set_membership(&cfg, m::SOURCE_ENVOY);
+        let source = if self.table_version.is_some() {
+            m::SOURCE_ENVOY
+        } else {
+            m::SOURCE_SEED
+        };
+        metrics.set_membership(&cfg, source);
         let state = Rc::new(State {
             router: Router::new(cfg),
             metrics,
@@ -124,7 +156,7 @@ impl Context for Root {
             return;
         }
         if let Some(mc) = &st.router.config().membership {
-            if let Some(t) = self.poller.response(
+            if let Some((table, peers)) = self.poller.response(
                 token,
                 body_size,
                 st.router.config(),
@@ -132,7 +164,12 @@ impl Context for Root {
                 mc,
                 &st.metrics,
             ) {
-                self.apply_table(&t);
+                if let Some(t) = table {
+                    self.apply_table(&t);
+                }
+                if let Some(p) = peers {
+                    self.apply_peers(p);
+                }
                 return;
             }
         }
