@@ -353,8 +353,6 @@ impl RootContext for Root {
                         old.metrics.vm_memory,
                         -i64::try_from(old.memory_reported.get()).unwrap_or(0),
                     );
-                    // Requests still running on the old state report no more.
-                    old.memory_reported.set(0);
                 }
                 // A table other VMs (or the config before) stored: route
                 // over it at once rather than after the first poll.
