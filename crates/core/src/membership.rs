@@ -657,6 +657,29 @@ pub fn sync<S: SharedStore + ?Sized>(
     })
 }
 
+/// With `membership` off: whether a host table left in shared data (by a
+/// configuration with `membership` before) numbers hosts otherwise than the
+/// static `hosts` (a slot's address differs from the host at that index):
+/// then the shared prefix index, which names hosts by index, must forget
+/// every host, and the table be cleared ([`clear_table`]).
+pub fn table_disagrees(table: &Table, hosts: &[Host]) -> bool {
+    let n = table.slots.len().max(hosts.len());
+    (0..n).any(|i| {
+        let slot = table.slots.get(i).and_then(Option::as_ref);
+        let host = hosts.get(i).filter(|h| h.weight > 0.0);
+        match (slot, host) {
+            (None, None) => false,
+            (Some(s), Some(h)) => s.address != h.address,
+            _ => true,
+        }
+    })
+}
+
+/// Clear the shared host table (a later `membership` starts from its seed).
+pub fn clear_table<S: SharedStore + ?Sized>(store: &S) -> Result<(), StoreError> {
+    store.set(TABLE_KEY, &[], None)
+}
+
 /// Forget what the filter kept about a host that left: its load report and
 /// its passive-health state (its in-flight count drains as its requests
 /// end; its prefix-index entries are forgotten by slot,
@@ -1002,6 +1025,23 @@ mod tests {
                 .len(),
             3
         );
+    }
+
+    #[test]
+    fn a_table_left_by_membership_is_checked_against_static_hosts() {
+        let cfg = Config::with_hosts(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]).unwrap();
+        let seeded = Table::seed(&cfg.hosts);
+        assert!(!table_disagrees(&seeded, &cfg.hosts));
+        // Host 1 went and 4 came into its slot: index 1 now means another host.
+        let (t, _) = seeded.update(&[member(1), member(4), member(3)], &[]);
+        assert!(table_disagrees(&t, &cfg.hosts));
+        let (t2, _) = seeded.update(&[member(1), member(2)], &[]);
+        assert!(table_disagrees(&t2, &cfg.hosts));
+        let s = MemStore::default();
+        sync(&s, &[member(1)], &cfg.hosts).unwrap();
+        assert!(read_table(&s).unwrap().is_some());
+        clear_table(&s).unwrap();
+        assert_eq!(read_table(&s).unwrap(), None);
     }
 
     #[test]

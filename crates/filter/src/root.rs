@@ -143,6 +143,50 @@ impl Root {
     }
 }
 
+impl Root {
+    /// With `membership` off: a host table a configuration with it left in
+    /// shared data is cleared, and if it numbered hosts otherwise than
+    /// `hosts`, the shared prefix index forgets every host.
+    fn retire_table(st: &Option<Rc<State>>) {
+        let Some(st) = st else { return };
+        let cfg = st.router.config();
+        let t = match prefix_router_core::membership::read_table(&SharedData) {
+            Ok(Some(t)) => t,
+            Ok(None) => return,
+            Err(e) => {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: reading the host table: {e:?}"),
+                );
+                return;
+            }
+        };
+        if cfg.cost.enabled && prefix_router_core::membership::table_disagrees(&t, &cfg.hosts) {
+            let all: Vec<usize> = (0..t.slots.len().max(cfg.hosts.len())).collect();
+            let now = host::now_ms().unwrap_or(0);
+            match shared_index::forget_hosts(&SharedData, &all, now) {
+                Ok(()) => {
+                    st.metrics.inc(st.metrics.forget_hosts, 1);
+                    host::log(
+                        LogLevel::Info,
+                        "prefix-router: membership is off and the hosts are numbered otherwise than under it: the shared prefix index forgot every host",
+                    );
+                }
+                Err(e) => host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: forgetting the index's hosts: {e:?}"),
+                ),
+            }
+        }
+        if let Err(e) = prefix_router_core::membership::clear_table(&SharedData) {
+            host::log(
+                LogLevel::Warn,
+                &format!("prefix-router: clearing the host table: {e:?}"),
+            );
+        }
+    }
+}
+
 impl Context for Root {
     fn on_http_call_response(
         &mut self,
@@ -353,6 +397,11 @@ impl RootContext for Root {
                         old.metrics.vm_memory,
                         -i64::try_from(old.memory_reported.get()).unwrap_or(0),
                     );
+                }
+                // `membership` off after a configuration with it: the
+                // prefix index named hosts by the table's slots.
+                if !membership {
+                    Self::retire_table(&self.state);
                 }
                 // A table other VMs (or the config before) stored: route
                 // over it at once rather than after the first poll.
