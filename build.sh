@@ -16,6 +16,16 @@
 #   ./build.sh fuzz       nightly + cargo-fuzz (installed if missing), then each fuzz/ target for
 #                         FUZZ_SECONDS (60) from its committed seeds (fuzz/seeds/<target>); prints
 #                         libFuzzer's run counts; not part of `test`
+#   ./build.sh oci        the .wasm as an OCI image (plugin.wasm at the root, FROM scratch, one
+#                         gzip layer) for Istio's WasmPlugin / Envoy Gateway's EnvoyExtensionPolicy:
+#                         an OCI image layout in target/oci/layout and its archive
+#                         target/oci/prefix-router-wasm.tar (tar, gzip, sha256sum, jq); push it
+#                         with e.g. `skopeo copy oci-archive:target/oci/prefix-router-wasm.tar
+#                         docker://registry.example.com/prefix-router:TAG`
+#   ./build.sh deploy-check  what can be checked of deploy/ here: the OCI image (skopeo, if
+#                         installed), the Istio manifests against the CRDs' schemas (npm package
+#                         @kubernetes-models/istio), and envoy/envoy.yaml with `membership` on
+#                         through `envoy --mode validate`; not part of `test`
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
 set -euo pipefail
@@ -166,7 +176,7 @@ cmd_fuzz() {
     rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
     command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz
     mkdir -p "$ROOT/fuzz/logs"
-    for t in route config load_reports gossip; do
+    for t in route config load_reports gossip membership; do
         step "fuzz: $t for ${secs} s (corpus fuzz/corpus/$t, seeds fuzz/seeds/$t)"
         mkdir -p "$ROOT/fuzz/corpus/$t"
         log="$ROOT/fuzz/logs/$t.log"
@@ -181,8 +191,85 @@ cmd_fuzz() {
     step "fuzz: every target ran ${secs} s without a crash"
 }
 
+cmd_oci() {
+    local out="$ROOT/target/oci" diff_id layer lsize cfg csize man msize
+    cmd_wasm
+    step "oci: image layout with plugin.wasm at the root (target/oci)"
+    command -v jq >/dev/null || die "jq not found (Debian: apt-get install jq)"
+    rm -rf "$out"
+    mkdir -p "$out/layout/blobs/sha256" "$out/work"
+    cp "$WASM" "$out/work/plugin.wasm"
+    # Reproducible: fixed mtime and owner, sorted names, gzip without a timestamp.
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+        -C "$out/work" -cf "$out/layer.tar" plugin.wasm
+    diff_id="$(sha256sum "$out/layer.tar" | cut -d' ' -f1)"
+    gzip -n -9 -c "$out/layer.tar" > "$out/layer.tar.gz"
+    layer="$(sha256sum "$out/layer.tar.gz" | cut -d' ' -f1)"
+    lsize="$(stat -c %s "$out/layer.tar.gz")"
+    mv "$out/layer.tar.gz" "$out/layout/blobs/sha256/$layer"
+    jq -cn --arg d "sha256:$diff_id" \
+        '{architecture: "amd64", os: "linux", config: {}, rootfs: {type: "layers", diff_ids: [$d]}}' \
+        > "$out/config.json"
+    cfg="$(sha256sum "$out/config.json" | cut -d' ' -f1)"
+    csize="$(stat -c %s "$out/config.json")"
+    mv "$out/config.json" "$out/layout/blobs/sha256/$cfg"
+    jq -cn --arg c "sha256:$cfg" --argjson cs "$csize" --arg l "sha256:$layer" --argjson ls "$lsize" \
+        '{schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+          config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $c, size: $cs},
+          layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar+gzip", digest: $l, size: $ls,
+                    annotations: {"org.opencontainers.image.title": "plugin.wasm"}}]}' \
+        > "$out/manifest.json"
+    man="$(sha256sum "$out/manifest.json" | cut -d' ' -f1)"
+    msize="$(stat -c %s "$out/manifest.json")"
+    mv "$out/manifest.json" "$out/layout/blobs/sha256/$man"
+    jq -cn --arg m "sha256:$man" --argjson ms "$msize" \
+        '{schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
+          manifests: [{mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $m,
+                       size: $ms, annotations: {"org.opencontainers.image.ref.name": "latest"}}]}' \
+        > "$out/layout/index.json"
+    printf '{"imageLayoutVersion":"1.0.0"}' > "$out/layout/oci-layout"
+    tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+        -C "$out/layout" -cf "$out/prefix-router-wasm.tar" oci-layout index.json blobs
+    rm -rf "$out/work" "$out/layer.tar"
+    step "oci: target/oci/prefix-router-wasm.tar (manifest sha256:$man, plugin.wasm $(stat -c %s "$WASM") bytes)"
+}
+
+cmd_deploy_check() {
+    local envoy dir cfg out
+    envoy="$(envoy_bin)"
+    cmd_oci
+    if command -v skopeo >/dev/null; then
+        step "deploy-check: skopeo reads the OCI image"
+        skopeo inspect "oci-archive:$ROOT/target/oci/prefix-router-wasm.tar" \
+            | jq -c '{Digest, Architecture, Os, Layers}' || die "skopeo rejected the OCI image"
+    else
+        step "deploy-check: skopeo not installed (Debian: apt-get install skopeo): OCI image not inspected"
+    fi
+    dir="$ROOT/target/deploy-check"
+    mkdir -p "$dir"
+    step "deploy-check: Istio manifests against the CRD schemas (@kubernetes-models/istio)"
+    command -v npm >/dev/null || die "npm not found"
+    [ -d "$dir/node_modules/@kubernetes-models/istio" ] \
+        || (cd "$dir" && npm install --silent --no-save @kubernetes-models/istio@3.0.1 js-yaml@4 >/dev/null) \
+        || die "npm install @kubernetes-models/istio failed"
+    node "$ROOT/tools/check-istio-manifests.mjs" "$dir/node_modules" deploy/istio/*.yaml \
+        || die "an Istio manifest does not match its CRD schema"
+    step "deploy-check: envoy/envoy.yaml with the filter's membership on (envoy --mode validate)"
+    cfg="$dir/envoy-membership.yaml"
+    sed 's|^                      "hosts": \[|                      "membership": {"cluster": "llm", "admin_cluster": "envoy_admin"},\n                      "hosts": [|' \
+        envoy/envoy.yaml > "$cfg"
+    grep -q '"membership"' "$cfg" || die "could not add membership to envoy/envoy.yaml"
+    if out="$("$envoy" --mode validate -c "$cfg" --log-level warn 2>&1)"; then
+        printf '%s\n' "$out" | tail -n 1
+    else
+        printf '%s\n' "$out" >&2
+        die "Envoy rejected $cfg"
+    fi
+    step "deploy-check: Envoy Gateway manifests: no schema available here (untested)"
+}
+
 usage() {
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
@@ -194,6 +281,8 @@ case "${1:-}" in
     demo) shift; cmd_demo "$@" ;;
     test) cmd_test ;;
     fuzz) cmd_fuzz ;;
+    oci) cmd_oci ;;
+    deploy-check) cmd_deploy_check ;;
     -h|--help|help) usage ;;
     *) usage >&2; exit 2 ;;
 esac

@@ -7,6 +7,12 @@
 //! * the lines between `# lab:endpoints-begin` and `# lab:endpoints-end`: one endpoint per backend,
 //! * the lines between `# lab:filter-config-begin` and `# lab:filter-config-end`: the filter's
 //!   `configuration` (a `google.protobuf.StringValue` holding the filter JSON).
+//! * a line tagged `# lab:admin-cluster-port`: the admin port (cluster `envoy_admin`, for the
+//!   filter's `membership`), if the template has one;
+//! * with [`EnvoyOptions::eds`]: the line tagged `# lab:llm-discovery` becomes EDS from a watched
+//!   file (`path_config_source`, plus an active health check of `/health` if asked) and the
+//!   `lab:llm-static` region (the static `load_assignment`) goes; [`Envoy::set_eds`] rewrites the
+//!   file under the running Envoy.
 
 use crate::process::{free_ports, port_accepts, wait_until, ChildGuard};
 use crate::{http, paths, prom, Backend, LabError, Result};
@@ -73,6 +79,18 @@ pub struct EnvoyOptions {
     pub peers: Vec<String>,
     /// The wasm filter's `failure_policy` (e.g. `FAIL_RELOAD`); `None`: the template's.
     pub failure_policy: Option<String>,
+    /// Cluster `llm` from EDS in a watched file instead of the static endpoints.
+    pub eds: Option<EdsOptions>,
+}
+
+/// Cluster `llm` by EDS from a file the lab rewrites ([`Envoy::set_eds`]).
+#[derive(Debug, Clone, Default)]
+pub struct EdsOptions {
+    /// The endpoints at start (`ip:port`); `None`: every backend.
+    pub initial: Option<Vec<String>>,
+    /// Envoy actively health-checks `GET /health` every 250 ms (one failure marks a host
+    /// unhealthy, one success healthy again).
+    pub health_check: bool,
 }
 
 impl Default for EnvoyOptions {
@@ -87,6 +105,7 @@ impl Default for EnvoyOptions {
             listener_port: None,
             peers: Vec::new(),
             failure_policy: None,
+            eds: None,
         }
     }
 }
@@ -98,6 +117,29 @@ const TAG_FAILURE_POLICY: &str = "# lab:failure-policy";
 const TAG_ENDPOINTS: &str = "endpoints";
 const TAG_FILTER: &str = "filter-config";
 const TAG_PEERS: &str = "peers";
+const TAG_ADMIN_CLUSTER_PORT: &str = "# lab:admin-cluster-port";
+const TAG_LLM_DISCOVERY: &str = "# lab:llm-discovery";
+const TAG_LLM_STATIC: &str = "llm-static";
+
+/// The EDS file's text: cluster `llm` with these `ip:port` endpoints, each with an EDS health
+/// status (`None`: unset).
+pub fn eds_yaml(version: u64, endpoints: &[(String, Option<&str>)]) -> Result<String> {
+    let mut out = format!(
+        "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: llm\n  endpoints:\n  - lb_endpoints:\n"
+    );
+    for (ep, health) in endpoints {
+        let (host, port) = ep
+            .rsplit_once(':')
+            .ok_or_else(|| LabError(format!("endpoint {ep} is not ip:port")))?;
+        out.push_str(&format!(
+            "    - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}\n"
+        ));
+        if let Some(h) = health {
+            out.push_str(&format!("      health_status: {h}\n"));
+        }
+    }
+    Ok(out)
+}
 
 /// Everything that differs between the committed config and a rendered one.
 #[derive(Debug, Clone)]
@@ -114,6 +156,8 @@ pub struct RenderParams<'a> {
     /// The wasm filter's failure policy (the line tagged `lab:failure-policy`; `None`:
     /// unchanged).
     pub failure_policy: Option<&'a str>,
+    /// Cluster `llm` by EDS from this file, with an active health check if `true`.
+    pub eds: Option<(&'a Path, bool)>,
 }
 
 fn indent_of(line: &str) -> usize {
@@ -172,6 +216,9 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
     let mut lines: Vec<String> = template.lines().map(str::to_string).collect();
     replace_port(&mut lines, TAG_ADMIN_PORT, p.admin_port)?;
     replace_port(&mut lines, TAG_LISTENER_PORT, p.listener_port)?;
+    if lines.iter().any(|l| l.contains(TAG_ADMIN_CLUSTER_PORT)) {
+        replace_port(&mut lines, TAG_ADMIN_CLUSTER_PORT, p.admin_port)?;
+    }
 
     if let Some(wasm) = p.wasm_path {
         if let Some(line) = lines.iter_mut().find(|l| l.contains(TAG_WASM_PATH)) {
@@ -207,6 +254,40 @@ pub fn render(template: &str, p: &RenderParams<'_>) -> Result<String> {
     if let (false, Some((pb, pe))) = (p.peers.is_empty(), region(&lines, TAG_PEERS)) {
         let eps = endpoint_lines(&lines[pb], p.peers)?;
         lines.splice(pb + 1..pe, eps);
+    }
+
+    if let Some((file, hc)) = p.eds {
+        let (sb, se) = region(&lines, TAG_LLM_STATIC)
+            .ok_or_else(|| LabError("template has no lab:llm-static region".to_string()))?;
+        lines.drain(sb..=se);
+        let i = lines
+            .iter()
+            .position(|l| l.contains(TAG_LLM_DISCOVERY))
+            .ok_or_else(|| LabError("template has no lab:llm-discovery line".to_string()))?;
+        let pad = " ".repeat(indent_of(&lines[i]));
+        let mut block = vec![
+            format!("{pad}type: EDS"),
+            format!("{pad}eds_cluster_config:"),
+            format!("{pad}  eds_config:"),
+            format!("{pad}    resource_api_version: V3"),
+            format!(
+                "{pad}    path_config_source: {{path: \"{}\"}}",
+                file.display()
+            ),
+        ];
+        if hc {
+            block.extend([
+                format!("{pad}health_checks:"),
+                format!("{pad}- timeout: 1s"),
+                format!("{pad}  interval: 0.25s"),
+                // Without traffic Envoy checks every 60 s by default.
+                format!("{pad}  no_traffic_interval: 0.25s"),
+                format!("{pad}  unhealthy_threshold: 1"),
+                format!("{pad}  healthy_threshold: 1"),
+                format!("{pad}  http_health_check: {{path: /health}}"),
+            ]);
+        }
+        lines.splice(i..=i, block);
     }
 
     if let (Some(json), Some((fb, fe))) = (p.filter_json, region(&lines, TAG_FILTER)) {
@@ -303,6 +384,9 @@ pub struct Envoy {
     pub mode: EnvoyMode,
     pub admin_port: u16,
     pub listener_port: u16,
+    /// The EDS file of cluster `llm` ([`EnvoyOptions::eds`]).
+    pub eds_path: Option<PathBuf>,
+    eds_version: std::cell::Cell<u64>,
     pub config_path: PathBuf,
     child: ChildGuard,
     agent: ureq::Agent,
@@ -349,6 +433,17 @@ impl Envoy {
             ports[1] = p;
         }
         let endpoints: Vec<String> = backends.iter().map(Backend::address).collect();
+        let eds_path = match &opts.eds {
+            Some(e) => {
+                let path = dir.join(format!("eds-{}.yaml", ports[1]));
+                let initial = e.initial.clone().unwrap_or_else(|| endpoints.clone());
+                let eps: Vec<(String, Option<&str>)> =
+                    initial.into_iter().map(|a| (a, None)).collect();
+                std::fs::write(&path, eds_yaml(1, &eps)?)?;
+                Some(path)
+            }
+            None => None,
+        };
         let rendered = render(
             &template,
             &RenderParams {
@@ -359,6 +454,9 @@ impl Envoy {
                 filter_json: filter_json.as_deref(),
                 peers: &opts.peers,
                 failure_policy: opts.failure_policy.as_deref(),
+                eds: eds_path
+                    .as_deref()
+                    .zip(opts.eds.as_ref().map(|e| e.health_check)),
             },
         )?;
         let config_path = dir.join(format!("envoy-{}-{}.yaml", opts.mode.label(), ports[1]));
@@ -378,6 +476,8 @@ impl Envoy {
             mode: opts.mode,
             admin_port: ports[0],
             listener_port: ports[1],
+            eds_path,
+            eds_version: std::cell::Cell::new(1),
             config_path,
             child,
             agent: http::agent(Duration::from_secs(10)),
@@ -431,6 +531,46 @@ impl Envoy {
                 }
             }
         }
+    }
+
+    /// Rewrites cluster `llm`'s EDS file (atomically: a new file renamed over it, which is
+    /// what Envoy's file watch sees) with these endpoints and EDS health statuses.
+    pub fn set_eds(&self, endpoints: &[(String, Option<&str>)]) -> Result<()> {
+        let path = self
+            .eds_path
+            .as_ref()
+            .ok_or_else(|| LabError("this Envoy does not read EDS from a file".to_string()))?;
+        let v = self.eds_version.get() + 1;
+        self.eds_version.set(v);
+        let tmp = path.with_extension(format!("tmp{v}"));
+        std::fs::write(&tmp, eds_yaml(v, endpoints)?)?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    }
+
+    /// Cluster `llm`'s hosts as Envoy's admin lists them: `(ip:port, healthy)`.
+    pub fn cluster_hosts(&self, cluster: &str) -> Result<Vec<(String, bool)>> {
+        let r = http::get(&self.agent, &self.admin_url("/clusters?format=json"))?;
+        let v: Value = serde_json::from_str(&r.body)?;
+        let mut out = Vec::new();
+        for c in v["cluster_statuses"].as_array().into_iter().flatten() {
+            if c["name"] != cluster {
+                continue;
+            }
+            for h in c["host_statuses"].as_array().into_iter().flatten() {
+                let sa = &h["address"]["socket_address"];
+                let addr = format!(
+                    "{}:{}",
+                    sa["address"].as_str().unwrap_or_default(),
+                    sa["port_value"].as_u64().unwrap_or_default()
+                );
+                let hs = &h["health_status"];
+                let healthy = hs["failed_active_health_check"] != true
+                    && matches!(hs["eds_health_status"].as_str(), None | Some("HEALTHY"));
+                out.push((addr, healthy));
+            }
+        }
+        Ok(out)
     }
 
     /// URL on the listener, e.g. `url("/v1/chat/completions")`.
@@ -527,6 +667,32 @@ mod tests {
     }
 
     #[test]
+    fn render_eds_replaces_the_static_endpoints() {
+        let t = committed(EnvoyMode::PrefixRouter);
+        let out = render(
+            &t,
+            &RenderParams {
+                admin_port: 30001,
+                listener_port: 30002,
+                endpoints: &["127.0.0.1:31001".to_string()],
+                wasm_path: None,
+                filter_json: None,
+                peers: &[],
+                failure_policy: None,
+                eds: Some((Path::new("/tmp/eds.yaml"), true)),
+            },
+        )
+        .unwrap_or_default();
+        assert!(out.contains("type: EDS"), "{out}");
+        assert!(out.contains("path_config_source: {path: \"/tmp/eds.yaml\"}"));
+        assert!(out.contains("http_health_check: {path: /health}"));
+        assert!(!out.contains("port_value: 31001"));
+        assert!(!out.contains("type: STATIC # lab:llm-discovery"));
+        let y = eds_yaml(3, &[("127.0.0.1:1".into(), Some("UNHEALTHY"))]).unwrap_or_default();
+        assert!(y.contains("version_info: \"3\"") && y.contains("health_status: UNHEALTHY"));
+    }
+
+    #[test]
     fn render_replaces_ports_endpoints_wasm_and_filter_json() {
         let t = committed(EnvoyMode::PrefixRouter);
         let eps = vec!["127.0.0.1:31001".to_string(), "127.0.0.1:31002".to_string()];
@@ -541,9 +707,11 @@ mod tests {
                 filter_json: Some(json),
                 peers: &["127.0.0.1:32001".to_string()],
                 failure_policy: Some("FAIL_RELOAD"),
+                eds: None,
             },
         )
         .unwrap_or_default();
+        assert!(out.contains("port_value: 30001 # lab:admin-cluster-port"));
         assert!(out.contains("{address: 127.0.0.1, port_value: 32001}"));
         assert!(out.contains("failure_policy: FAIL_RELOAD # lab:failure-policy"));
         assert!(!out.contains("port_value: 10001"));

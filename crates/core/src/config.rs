@@ -1007,8 +1007,11 @@ fn compile_gossip(
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
-    /// The replicas: the model servers requests are routed to.
-    /// Allowed: 1..=4096 hosts.
+    /// The replicas: the model servers requests are routed to. Required
+    /// unless `membership` is set (then a seed: names hosts by address and
+    /// routes until the first poll answers).
+    /// Allowed: at most 4096 hosts.
+    #[serde(default)]
     pub hosts: Vec<RawHost>,
     /// Bounded-load factor c: no host above `ceil(c x (total + 1) x w / W)`
     /// requests (1: perfect balance).
@@ -1072,6 +1075,14 @@ pub struct RawConfig {
     /// Index gossip between Envoys. Null: off.
     #[serde(default)]
     pub gossip: Option<RawGossip>,
+    /// Hosts from an Envoy cluster instead of (or seeded by) `hosts`
+    /// ([`crate::membership`]); absent: `hosts` alone.
+    #[serde(default)]
+    pub membership: Option<RawMembership>,
+    /// Ring successors named after the chosen host in the destination
+    /// header, for Envoy's retries ([`crate::membership`], "Failover").
+    #[serde(default)]
+    pub failover: RawFailover,
 }
 
 fn d_mode() -> String {
@@ -1151,7 +1162,13 @@ fn d_dest() -> String {
 pub struct Host {
     pub address: String,
     pub name: String,
+    /// Relative capacity; 0 only for a free slot of the membership table
+    /// (no ring points, never chosen).
     pub weight: f64,
+    /// Whether Envoy would send it traffic (always true for static hosts;
+    /// from Envoy's health flags with `membership`). An unhealthy host is
+    /// not eligible: its keys go to their ring successors.
+    pub healthy: bool,
 }
 
 /// Key mode.
@@ -1253,6 +1270,11 @@ pub struct Config {
     pub scrape: Option<ScrapeConfig>,
     pub cost: CostConfig,
     pub gossip: Option<GossipConfig>,
+    /// `membership`: hosts from an Envoy cluster.
+    pub membership: Option<MembershipConfig>,
+    /// `failover.hosts`: ring successors after the chosen host in the
+    /// destination header.
+    pub failover_hosts: usize,
 }
 
 /// Upper bounds that keep a typo from exhausting a proxy's memory.
@@ -1489,8 +1511,26 @@ fn expected_kind(expected: &str) -> String {
 impl RawConfig {
     /// Validate into a [`Config`].
     pub fn compile(&self) -> Result<Config, ConfigError> {
-        if self.hosts.is_empty() {
-            return Err(err("hosts", "[]", "at least one host is required"));
+        let membership = match &self.membership {
+            None => None,
+            Some(m) => Some(m.compile()?),
+        };
+        let failover_hosts = self.failover.compile()?;
+        if let Some(p) = membership.as_ref().and_then(|m| m.peers_cluster.as_ref()) {
+            if self.gossip.is_none() {
+                return Err(err(
+                    "membership.peers_cluster",
+                    format!("{p:?}"),
+                    "names the gossip peers' cluster: needs `gossip`",
+                ));
+            }
+        }
+        if self.hosts.is_empty() && membership.is_none() {
+            return Err(err(
+                "hosts",
+                "[]",
+                "at least one host is required (or `membership` to take them from an Envoy cluster)",
+            ));
         }
         if self.hosts.len() > MAX_HOSTS {
             return Err(err(
@@ -1565,6 +1605,7 @@ impl RawConfig {
                 address,
                 name,
                 weight,
+                healthy: true,
             });
         }
         let c = self.capacity_factor;
@@ -1801,6 +1842,8 @@ impl RawConfig {
             scrape,
             cost,
             gossip,
+            membership,
+            failover_hosts,
         })
     }
 }
@@ -1918,7 +1961,9 @@ impl Config {
 
     /// Index of the host with this address (as `ip:port`).
     pub fn host_index(&self, address: &str) -> Option<usize> {
-        self.hosts.iter().position(|h| h.address == address)
+        self.hosts
+            .iter()
+            .position(|h| h.weight > 0.0 && h.address == address)
     }
 
     /// A config with these host addresses and defaults elsewhere (tests,
@@ -1958,7 +2003,172 @@ impl RawConfig {
             scrape: None,
             gossip: None,
             cost: RawCost::default(),
+            membership: None,
+            failover: Default::default(),
         }
+    }
+}
+
+/// `membership` in the filter JSON: where the host list comes from.
+/// Absent: the static `hosts` list alone, as before.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMembership {
+    /// The Envoy cluster whose hosts are the replicas: the cluster the
+    /// routes send LLM requests to (e.g. `"llm"`). Its hosts, as Envoy's
+    /// admin lists them, become the filter's hosts; `hosts` becomes a seed
+    /// (used until the first poll answers) and names hosts by address.
+    pub cluster: String,
+    /// A cluster of this Envoy whose only endpoint is its own admin
+    /// listener (e.g. STATIC 127.0.0.1:9901). The filter GETs
+    /// `admin_path` through it; route nothing else to it.
+    #[serde(default = "d_admin_cluster")]
+    pub admin_cluster: String,
+    /// The admin path polled (default `/clusters?format=json`).
+    #[serde(default = "d_admin_path")]
+    pub admin_path: String,
+    /// Poll period in ms (default 1000, 100..=600000): how long a host that
+    /// came or went takes to reach the ring at most.
+    #[serde(default = "d_interval")]
+    pub interval_ms: u64,
+    /// Timeout of one poll in ms (default 500, or `interval_ms` if that is
+    /// shorter; at most `interval_ms`).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// The Envoy cluster of the peer Envoys (e.g. `prefix_router_peers`, a
+    /// STRICT_DNS cluster of the gateway's headless Service): its healthy
+    /// hosts become `gossip.peers` at every poll, less this Envoy itself
+    /// (the peer equal to `gossip.name`). Needs `gossip`; absent: the
+    /// peers are `gossip.peers` as written.
+    #[serde(default)]
+    pub peers_cluster: Option<String>,
+}
+
+fn d_admin_cluster() -> String {
+    "envoy_admin".into()
+}
+fn d_admin_path() -> String {
+    "/clusters?format=json".into()
+}
+fn d_interval() -> u64 {
+    1000
+}
+
+/// Validated `membership`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipConfig {
+    /// The replicas' cluster.
+    pub cluster: String,
+    /// The loopback cluster to Envoy's admin listener.
+    pub admin_cluster: String,
+    /// The admin path polled.
+    pub admin_path: String,
+    /// Poll period, ms.
+    pub interval_ms: u64,
+    /// Poll timeout, ms.
+    pub timeout_ms: u64,
+    /// The peer Envoys' cluster (gossip peers from Envoy).
+    pub peers_cluster: Option<String>,
+}
+
+impl RawMembership {
+    /// Validate.
+    pub fn compile(&self) -> Result<MembershipConfig, ConfigError> {
+        let peers = self.peers_cluster.as_ref();
+        for (f, v) in [
+            ("membership.cluster", &self.cluster),
+            ("membership.admin_cluster", &self.admin_cluster),
+        ]
+        .into_iter()
+        .chain(peers.map(|p| ("membership.peers_cluster", p)))
+        {
+            if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+                return Err(err(
+                    f,
+                    format!("{v:?}"),
+                    "must name an Envoy cluster (1-256 characters, no control characters)",
+                ));
+            }
+        }
+        if self.cluster == self.admin_cluster {
+            return Err(err(
+                "membership.admin_cluster",
+                format!("{:?}", self.admin_cluster),
+                "must differ from membership.cluster (it reaches Envoy's admin, not the replicas)",
+            ));
+        }
+        let p = &self.admin_path;
+        if !p.starts_with('/') || p.len() > 1024 || p.chars().any(|c| c.is_control() || c == ' ') {
+            return Err(err(
+                "membership.admin_path",
+                format!("{p:?}"),
+                "must be a path starting with / (no spaces or control characters)",
+            ));
+        }
+        if !(100..=600_000).contains(&self.interval_ms) {
+            return Err(err(
+                "membership.interval_ms",
+                self.interval_ms,
+                "must be 100..=600000",
+            ));
+        }
+        let timeout_ms = self.timeout_ms.unwrap_or(self.interval_ms.min(500));
+        if timeout_ms == 0 || timeout_ms > self.interval_ms {
+            return Err(err(
+                "membership.timeout_ms",
+                timeout_ms,
+                "must be > 0 and at most membership.interval_ms",
+            ));
+        }
+        Ok(MembershipConfig {
+            cluster: self.cluster.clone(),
+            admin_cluster: self.admin_cluster.clone(),
+            admin_path: self.admin_path.clone(),
+            interval_ms: self.interval_ms,
+            timeout_ms,
+            peers_cluster: self.peers_cluster.clone(),
+        })
+    }
+}
+
+/// `failover` in the filter JSON.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFailover {
+    /// Ring successors written after the chosen host in the destination
+    /// header, comma-separated (default 2, at most 8; 0: the chosen host
+    /// alone). Envoy's override_host sends a retry to the next one, so match
+    /// the route's `retry_policy.num_retries`.
+    #[serde(default = "d_failover_hosts")]
+    pub hosts: u32,
+}
+
+impl Default for RawFailover {
+    fn default() -> Self {
+        RawFailover {
+            hosts: d_failover_hosts(),
+        }
+    }
+}
+
+fn d_failover_hosts() -> u32 {
+    2
+}
+
+/// Most `failover.hosts`.
+pub const MAX_FAILOVER_HOSTS: u32 = 8;
+
+impl RawFailover {
+    /// Validate: the number of failover hosts.
+    pub fn compile(&self) -> Result<usize, ConfigError> {
+        if self.hosts > MAX_FAILOVER_HOSTS {
+            return Err(err(
+                "failover.hosts",
+                self.hosts,
+                "must be at most 8 (Envoy retries at most num_retries times)",
+            ));
+        }
+        Ok(self.hosts as usize)
     }
 }
 
@@ -2309,7 +2519,7 @@ mod tests {
             ),
             (
                 "{}".to_string(),
-                format!("{p} `hosts` = (missing): required"),
+                format!("{p} `hosts` = []: at least one host is required (or `membership` to take them from an Envoy cluster)"),
             ),
             (
                 format!(r#"{{{H},"vnodes":1,"vnodes":2}}"#),

@@ -34,6 +34,7 @@ pub mod index;
 pub mod json_stream;
 pub mod key;
 pub mod load;
+pub mod membership;
 pub mod ring;
 pub mod router;
 pub mod scrape;

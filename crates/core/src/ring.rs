@@ -80,12 +80,18 @@ pub struct Placement {
 }
 
 impl Ring {
-    /// Build from `(name, weight)` pairs; `vnodes` points per unit weight.
+    /// Build from `(name, weight)` pairs; `vnodes` points per unit weight
+    /// (at least one for a positive weight, none for weight 0).
     pub fn new<'a>(hosts: impl IntoIterator<Item = (&'a str, f64)>, vnodes: u32) -> Ring {
         let mut points = Vec::new();
         let mut weights = Vec::new();
         for (idx, (name, weight)) in hosts.into_iter().enumerate() {
-            let n = (f64::from(vnodes) * weight).round().max(1.0) as u32;
+            // Weight 0 (a free slot of the membership table): no points.
+            let n = if weight > 0.0 {
+                (f64::from(vnodes) * weight).round().max(1.0) as u32
+            } else {
+                0
+            };
             for v in 0..n {
                 points.push((ring_point(name.as_bytes(), v), idx as u32));
             }

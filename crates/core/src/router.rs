@@ -519,7 +519,14 @@ impl Router {
     fn loads(&self, loads: &[HostLoad], now_ms: u64) -> (Vec<u64>, Vec<bool>) {
         let eff = self.effective(loads, now_ms);
         let mut eligible: Vec<bool> = (0..eff.len())
-            .map(|i| !loads.get(i).is_some_and(|l| l.ejected))
+            .map(|i| {
+                !loads.get(i).is_some_and(|l| l.ejected)
+                    && self
+                        .cfg
+                        .hosts
+                        .get(i)
+                        .is_some_and(|h| h.healthy && h.weight > 0.0)
+            })
             .collect();
         if !eligible.iter().any(|e| *e) {
             eligible.iter_mut().for_each(|e| *e = true);
@@ -702,6 +709,38 @@ impl Router {
             },
             None => Decision::Fallback(FallbackCause::HostError),
         }
+    }
+
+    /// Failover hosts for a request routed to `chosen` with key `key`: up
+    /// to `cfg.failover_hosts` hosts after it on the key's ring walk,
+    /// skipping the chosen host and the ineligible ones (ejected by passive
+    /// health, unhealthy in Envoy's eyes, free slots). The walk depends only
+    /// on the host table, so every proxy names the same successors.
+    pub fn failover(&self, key: u64, chosen: usize, loads: &[HostLoad], now_ms: u64) -> Vec<usize> {
+        let n = self.cfg.failover_hosts;
+        if n == 0 {
+            return Vec::new();
+        }
+        let (_, eligible) = self.loads(loads, now_ms);
+        self.ring
+            .walk(key)
+            .filter(|&h| h != chosen && eligible.get(h).copied().unwrap_or(false))
+            .take(n)
+            .collect()
+    }
+
+    /// The destination header's value: the chosen host's address, then the
+    /// failover hosts' ([`Router::failover`]), comma-separated, as Envoy's
+    /// override_host reads it (the first for the first try, the next for
+    /// each retry).
+    pub fn destination(&self, chosen: usize, failover: &[usize]) -> Option<String> {
+        let first = self.cfg.hosts.get(chosen)?;
+        let mut v = first.address.clone();
+        for h in failover.iter().filter_map(|&i| self.cfg.hosts.get(i)) {
+            v.push(',');
+            v.push_str(&h.address);
+        }
+        Some(v)
     }
 
     /// Plain bounded loads ([`Ring::place`]).

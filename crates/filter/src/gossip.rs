@@ -90,6 +90,7 @@ impl Gossiper {
                 .config()
                 .hosts
                 .iter()
+                .filter(|h| h.weight > 0.0)
                 .map(|h| {
                     let t = shared_index::read_pending_tokens(&SharedData, &h.address)
                         .unwrap_or_else(|e| {

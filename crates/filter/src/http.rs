@@ -83,6 +83,9 @@ pub struct Http {
     gossip_rx: bool,
     /// Passive health already counted the chosen host's retried try.
     retry_checked: bool,
+    /// The failover hosts named after the chosen one in the destination
+    /// header (comma-separated; empty: none), shown in the decision header.
+    failover: String,
 }
 
 impl Http {
@@ -102,6 +105,7 @@ impl Http {
             learn: None,
             gossip_rx: false,
             retry_checked: false,
+            failover: String::new(),
         }
     }
 
@@ -193,6 +197,11 @@ impl Http {
         let tokens_mode = cost_on && cfg.cost.params.queue == QueueMode::Tokens;
         let mut loads = Vec::with_capacity(cfg.hosts.len());
         for h in &cfg.hosts {
+            if h.weight <= 0.0 {
+                // A free slot of the membership table: never chosen.
+                loads.push(HostLoad::default());
+                continue;
+            }
             let mut l = match load::read_load(&SharedData, &h.address) {
                 Ok(l) => l,
                 Err(e) => {
@@ -273,13 +282,28 @@ impl Http {
             self.st.router.decide(&req).decision
         };
         if let Decision::Routed {
-            host: idx, cached, ..
+            host: idx,
+            cached,
+            key,
+            ..
         } = d
         {
             let Some(h) = cfg.hosts.get(idx) else {
                 return self.fallback(FallbackCause::HostError);
             };
-            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&h.address)) {
+            // The chosen host, then its ring successors for Envoy's retries
+            // (override_host takes the next one on each retry).
+            let failover = self.st.router.failover(key.hash, idx, &loads, now);
+            let dest = self
+                .st
+                .router
+                .destination(idx, &failover)
+                .unwrap_or_else(|| h.address.clone());
+            self.failover = dest
+                .split_once(',')
+                .map(|(_, rest)| rest.to_string())
+                .unwrap_or_default();
+            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&dest)) {
                 self.host_error("setting the destination header", e);
                 return self.fallback(FallbackCause::HostError);
             }
@@ -826,7 +850,12 @@ impl HttpContext for Http {
         self.read_report();
         self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
-            if let Err(e) = host::add_response_header(h, &d.describe(self.st.router.config())) {
+            let mut v = d.describe(self.st.router.config());
+            if !self.failover.is_empty() {
+                v.push_str(";failover=");
+                v.push_str(&self.failover);
+            }
+            if let Err(e) = host::add_response_header(h, &v) {
                 self.host_error("adding the decision header", e);
             }
         }

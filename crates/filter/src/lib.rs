@@ -15,11 +15,13 @@
 //! - [`http`]: the per-request state machine.
 //! - [`scrape`]: the optional active `/metrics` scrape (one elected VM).
 //! - [`gossip`]: the optional index gossip between Envoys.
+//! - [`membership`]: the optional host list from an Envoy cluster.
 
 pub mod abi;
 pub mod gossip;
 pub mod host;
 pub mod http;
+pub mod membership;
 pub mod metrics;
 pub mod root;
 pub mod scrape;

@@ -32,6 +32,10 @@
 //! | `prefix_router.gossip.dropped` | `gossip.peers`: observations dropped unsent because the outbox held `max_batch_bytes` |
 //! | `prefix_router.gossip.applied` / `prefix_router.gossip.unknown_host` | `gossip.accept`: received observations recorded in this Envoy's index / naming a host not in its `hosts` (skipped) |
 //! | `prefix_router.gossip.rejected` | `gossip.accept`: received batches refused (malformed, too large, another fingerprint, not a POST); the 400 answer and the log say why |
+//! | `prefix_router.membership.hosts` / `prefix_router.membership.healthy` | gauges: hosts the filter routes among (the static `hosts`, or the members of `membership.cluster`), and how many of them Envoy considers healthy |
+//! | `prefix_router.membership.source` | gauge: where the hosts came from: 0 the static `hosts` list, 1 the `hosts` seed while no `membership` poll has answered yet, 2 Envoy's cluster (`membership`) |
+//! | `prefix_router.membership.changes` | `membership`: host table changes stored (a host came, went, or changed health, weight or address) |
+//! | `prefix_router.membership.poll_errors` / `prefix_router.membership.unknown_cluster` | `membership`: polls of Envoy's admin that failed (not dispatched, non-200, timeout, unreadable, no such cluster, no hosts: the hosts are kept) / that Envoy refused because it has no `membership.admin_cluster` (also logged once per VM naming the field) |
 //! | `prefix_router.vm.starts` | VMs of this filter started (`on_vm_start`; an Envoy counter, so it outlives a VM): workers + 1 after startup, one more for each VM Envoy reloads after a failure (`failure_policy: FAIL_RELOAD`) or a config change brings. Alert on an increase without a config change; Envoy's own `wasm.<plugin>.vm_reload` (`envoy_wasm_prefix_router_vm_reload`) counts the reloads alone |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
@@ -79,6 +83,12 @@ pub struct Metrics {
     pub gossip_rejected: u32,
     pub gossip_loads: u32,
     pub gossip_unknown_cluster: u32,
+    pub membership_hosts: u32,
+    pub membership_healthy: u32,
+    pub membership_source: u32,
+    pub membership_changes: u32,
+    pub membership_poll_errors: u32,
+    pub membership_unknown_cluster: u32,
     per_host: Vec<u32>,
 }
 
@@ -98,7 +108,37 @@ fn gossip(cfg: &Config, name: &str) -> u32 {
     }
 }
 
+fn membership(cfg: &Config, name: &str) -> u32 {
+    if cfg.membership.is_some() {
+        def(&format!("prefix_router.membership.{name}"))
+    } else {
+        0
+    }
+}
+
+/// `prefix_router.membership.source`: the hosts are the static `hosts`
+/// list (no `membership`).
+pub const SOURCE_STATIC: u64 = 0;
+/// `prefix_router.membership.source`: `membership` is on, no poll has
+/// answered yet: the `hosts` seed (possibly empty) routes.
+pub const SOURCE_SEED: u64 = 1;
+/// `prefix_router.membership.source`: the hosts come from Envoy's cluster.
+pub const SOURCE_ENVOY: u64 = 2;
+
 impl Metrics {
+    /// Set the membership gauges: hosts known (present), how many of them
+    /// Envoy considers healthy, and where they came from.
+    pub fn set_membership(&self, cfg: &Config, source: u64) {
+        let (mut n, mut ok) = (0u64, 0u64);
+        for h in cfg.hosts.iter().filter(|h| h.weight > 0.0) {
+            n += 1;
+            ok += u64::from(h.healthy);
+        }
+        self.set(self.membership_hosts, n);
+        self.set(self.membership_healthy, ok);
+        self.set(self.membership_source, source);
+    }
+
     /// Define every counter for this config.
     pub fn define(cfg: &Config) -> Metrics {
         let mut key = [0; 3];
@@ -193,10 +233,20 @@ impl Metrics {
             gossip_rejected: gossip(cfg, "rejected"),
             gossip_loads: gossip(cfg, "loads_applied"),
             gossip_unknown_cluster: gossip(cfg, "unknown_cluster"),
+            membership_hosts: def_gauge("prefix_router.membership.hosts"),
+            membership_healthy: def_gauge("prefix_router.membership.healthy"),
+            membership_source: def_gauge("prefix_router.membership.source"),
+            membership_changes: membership(cfg, "changes"),
+            membership_poll_errors: membership(cfg, "poll_errors"),
+            membership_unknown_cluster: membership(cfg, "unknown_cluster"),
             per_host: cfg
                 .hosts
                 .iter()
                 .map(|h| {
+                    if h.weight <= 0.0 {
+                        // A free slot of the membership table.
+                        return 0;
+                    }
                     def(&format!(
                         "prefix_router.host.{}.routed",
                         prefix_router_core::config::metric_name(&h.name)

@@ -11,7 +11,8 @@ use prefix_router_core::shared_index;
 use crate::gossip::Gossiper;
 use crate::host::{self, SharedData};
 use crate::http::Http;
-use crate::metrics::Metrics;
+use crate::membership::Poller;
+use crate::metrics::{self as m, Metrics};
 use crate::scrape::Scraper;
 
 /// Per-VM root: the compiled router and metric ids, shared with requests.
@@ -22,6 +23,12 @@ pub struct Root {
     state: Option<Rc<State>>,
     scraper: Scraper,
     gossiper: Gossiper,
+    poller: Poller,
+    /// `membership`: the config's `hosts` (the seed), and the version of
+    /// the shared host table the router was last built from (`None`: the
+    /// seed's).
+    seed: Vec<prefix_router_core::config::Host>,
+    table_version: Option<u64>,
     /// The tick period (ms; 0: no tick) and when the next scrape is due.
     tick_ms: u64,
     next_scrape_ms: u64,
@@ -31,8 +38,10 @@ pub struct Root {
 pub struct State {
     pub router: Router,
     pub metrics: Metrics,
-    /// This VM's linear memory as last added to `prefix_router.vm.memory_bytes`.
-    pub memory_reported: std::cell::Cell<u64>,
+    /// This VM's linear memory as last added to `prefix_router.vm.memory_bytes`
+    /// (shared with the state a membership change replaced, whose requests
+    /// may still be running).
+    pub memory_reported: Rc<std::cell::Cell<u64>>,
     /// Each host's recent load as this VM sees it at its decisions
     /// (`cost.hot_window_s`; every VM reads the same shared loads).
     pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
@@ -64,6 +73,120 @@ impl Root {
     }
 }
 
+impl Root {
+    /// Rebuild this VM's router over the shared host table `t` (a
+    /// membership change): requests already running keep the state they
+    /// started with; slots are stable, so host indices mean the same in
+    /// both.
+    fn apply_table(&mut self, t: &prefix_router_core::membership::Table) {
+        if self.table_version == Some(t.version) {
+            return;
+        }
+        self.table_version = Some(t.version);
+        self.rebuild(Some(t.hosts()), None);
+    }
+
+    /// Apply the gossip peers a poll found (`membership.peers_cluster`).
+    fn apply_peers(&mut self, peers: Vec<String>) {
+        let Some(st) = &self.state else { return };
+        let same = st.router.config().gossip.as_ref().map(|g| &g.peers) == Some(&peers);
+        if !same {
+            host::log(
+                LogLevel::Info,
+                &format!("prefix-router: gossip peers from Envoy: {peers:?}"),
+            );
+            self.rebuild(None, Some(peers));
+        }
+    }
+
+    /// Replace this VM's state with one over new hosts and/or gossip peers.
+    fn rebuild(
+        &mut self,
+        hosts: Option<Vec<prefix_router_core::config::Host>>,
+        peers: Option<Vec<String>>,
+    ) {
+        let Some(old) = self.state.clone() else {
+            return;
+        };
+        let mut cfg = old.router.config().clone();
+        if let Some(h) = hosts {
+            cfg.hosts = h;
+        }
+        if let (Some(p), Some(g)) = (peers, cfg.gossip.as_mut()) {
+            g.peers = p;
+        }
+        let metrics = Metrics::define(&cfg);
+        let source = if self.table_version.is_some() {
+            m::SOURCE_ENVOY
+        } else {
+            m::SOURCE_SEED
+        };
+        metrics.set_membership(&cfg, source);
+        let state = Rc::new(State {
+            router: Router::new(cfg),
+            metrics,
+            memory_reported: Rc::clone(&old.memory_reported),
+            trend: std::cell::RefCell::new(
+                old.trend
+                    .try_borrow_mut()
+                    .map(|mut t| std::mem::take(&mut *t))
+                    .unwrap_or_default(),
+            ),
+            outbox: std::cell::RefCell::new(
+                old.outbox
+                    .try_borrow_mut()
+                    .map(|mut o| std::mem::take(&mut *o))
+                    .unwrap_or_default(),
+            ),
+        });
+        self.state = Some(state);
+    }
+}
+
+impl Root {
+    /// With `membership` off: a host table a configuration with it left in
+    /// shared data is cleared, and if it numbered hosts otherwise than
+    /// `hosts`, the shared prefix index forgets every host.
+    fn retire_table(st: &Option<Rc<State>>) {
+        let Some(st) = st else { return };
+        let cfg = st.router.config();
+        let t = match prefix_router_core::membership::read_table(&SharedData) {
+            Ok(Some(t)) => t,
+            Ok(None) => return,
+            Err(e) => {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: reading the host table: {e:?}"),
+                );
+                return;
+            }
+        };
+        if cfg.cost.enabled && prefix_router_core::membership::table_disagrees(&t, &cfg.hosts) {
+            let all: Vec<usize> = (0..t.slots.len().max(cfg.hosts.len())).collect();
+            let now = host::now_ms().unwrap_or(0);
+            match shared_index::forget_hosts(&SharedData, &all, now) {
+                Ok(()) => {
+                    st.metrics.inc(st.metrics.forget_hosts, 1);
+                    host::log(
+                        LogLevel::Info,
+                        "prefix-router: membership is off and the hosts are numbered otherwise than under it: the shared prefix index forgot every host",
+                    );
+                }
+                Err(e) => host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: forgetting the index's hosts: {e:?}"),
+                ),
+            }
+        }
+        if let Err(e) = prefix_router_core::membership::clear_table(&SharedData) {
+            host::log(
+                LogLevel::Warn,
+                &format!("prefix-router: clearing the host table: {e:?}"),
+            );
+        }
+    }
+}
+
 impl Context for Root {
     fn on_http_call_response(
         &mut self,
@@ -75,6 +198,24 @@ impl Context for Root {
         let Some(st) = self.state.clone() else { return };
         if self.gossiper.response(token, &st) {
             return;
+        }
+        if let Some(mc) = &st.router.config().membership {
+            if let Some((table, peers)) = self.poller.response(
+                token,
+                body_size,
+                st.router.config(),
+                &self.seed,
+                mc,
+                &st.metrics,
+            ) {
+                if let Some(t) = table {
+                    self.apply_table(&t);
+                }
+                if let Some(p) = peers {
+                    self.apply_peers(p);
+                }
+                return;
+            }
         }
         if let Some(sc) = &st.router.config().scrape {
             self.scraper
@@ -196,6 +337,7 @@ impl RootContext for Root {
                         .as_ref()
                         .filter(|g| !g.peers.is_empty())
                         .map(|g| g.interval_ms),
+                    cfg.membership.as_ref().map(|m| m.interval_ms),
                 ]
                 .into_iter()
                 .flatten()
@@ -220,10 +362,31 @@ impl RootContext for Root {
                     self.scraper.owner =
                         prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
                 }
+                metrics.set_membership(
+                    &cfg,
+                    if cfg.membership.is_some() {
+                        m::SOURCE_SEED
+                    } else {
+                        m::SOURCE_STATIC
+                    },
+                );
+                self.seed = cfg.hosts.clone();
+                self.table_version = None;
+                self.poller = Poller::default();
+                let membership = cfg.membership.is_some();
+                if let Some(mc) = &cfg.membership {
+                    host::log(
+                        LogLevel::Info,
+                        &format!(
+                            "prefix-router: hosts from Envoy cluster {:?}, polling {:?} through cluster {:?} every {} ms ({} seed host(s))",
+                            mc.cluster, mc.admin_path, mc.admin_cluster, mc.interval_ms, cfg.hosts.len()
+                        ),
+                    );
+                }
                 let state = Rc::new(State {
                     router: Router::new(cfg),
                     metrics,
-                    memory_reported: std::cell::Cell::new(0),
+                    memory_reported: Rc::new(std::cell::Cell::new(0)),
                     trend: std::cell::RefCell::new(Default::default()),
                     outbox: std::cell::RefCell::new(Default::default()),
                 });
@@ -234,6 +397,23 @@ impl RootContext for Root {
                         old.metrics.vm_memory,
                         -i64::try_from(old.memory_reported.get()).unwrap_or(0),
                     );
+                }
+                // `membership` off after a configuration with it: the
+                // prefix index named hosts by the table's slots.
+                if !membership {
+                    Self::retire_table(&self.state);
+                }
+                // A table other VMs (or the config before) stored: route
+                // over it at once rather than after the first poll.
+                if membership {
+                    match prefix_router_core::membership::read_table(&SharedData) {
+                        Ok(Some(t)) => self.apply_table(&t),
+                        Ok(None) => {}
+                        Err(e) => host::log(
+                            LogLevel::Warn,
+                            &format!("prefix-router: reading the host table: {e:?}"),
+                        ),
+                    }
                 }
                 true
             }
@@ -261,6 +441,9 @@ impl RootContext for Root {
         }
         if let Some(g) = &cfg.gossip {
             self.gossiper.tick(&st, g, now, self.tick_ms);
+        }
+        if let Some(mc) = &cfg.membership {
+            self.poller.tick(mc, &st.metrics, now, self.tick_ms);
         }
     }
 

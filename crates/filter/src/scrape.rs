@@ -114,7 +114,8 @@ impl Scraper {
             metrics.inc(metrics.scrape_errors, self.pending.len() as u64);
             self.pending.clear();
         }
-        for h in &cfg.hosts {
+        // Free slots of the membership table (weight 0) are no replica.
+        for h in cfg.hosts.iter().filter(|h| h.weight > 0.0) {
             let headers = vec![
                 (":method", "GET"),
                 (":path", sc.path.as_str()),
