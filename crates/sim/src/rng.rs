@@ -19,7 +19,9 @@
 //!   for slices shorter than `u32::MAX` on every platform.
 //!
 //! rand's integer-range and shuffle algorithms may change between its minor
-//! versions, so `rand` and `rand_pcg` are pinned (`=x.y.z` in Cargo.toml);
+//! versions, and its `unbiased` feature (off: rand is used without default
+//! features and nothing in the workspace turns it on) changes them too, so
+//! `rand` and `rand_pcg` are pinned (`=x.y.z` in Cargo.toml);
 //! `tests/determinism.rs` holds golden hashes of raw draws and of generated
 //! workloads and fails if an update moves them.
 //!
