@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
     let p = names(prom[usize::from(pick / 4) % prom.len()]);
     // A parsed report goes where the filter puts it, and is read back as the
     // router reads it (NaN, infinities and negatives included).
-    let store = load::MemStore::default();
+    let store = prefix_router_core::store::MemStore::default();
     let now = 1_000_000;
     if let Ok(Some(v)) = load::parse_orca(&text, &o) {
         let _ = load::record_report(&store, "h", v, v, now);

@@ -1,16 +1,18 @@
 //! Extraction + key + placement through the public router API, as the
-//! filter calls it: `Router::key_with_chain` then `place_cost_with` over a
-//! shared-data prefix index (which the response path then updates with
-//! `observe`), and `Router::decide` (the ring alone). The first bytes pick
-//! the API, a session header and the hosts' loads; the rest is the body.
+//! filter calls it: `Router::decide` by the default rule (the priced
+//! spill), and by the index rule (`cost.mode = "index"`) over a shared-data
+//! prefix index (which the response path then updates with `observe`). The
+//! first bytes pick the API, a session header and the hosts' loads; the
+//! rest is the body.
 #![no_main]
 
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use prefix_router_core::load::{HostLoad, MemStore, Report};
+use prefix_router_core::load::{HostLoad, Report};
+use prefix_router_core::store::MemStore;
 use prefix_router_core::shared_index::SharedLookup;
-use prefix_router_core::{Config, Decision, Router};
+use prefix_router_core::{Config, Decision, Request, Router};
 
 const PATHS: [&str; 4] = [
     "/v1/chat/completions",
@@ -19,17 +21,26 @@ const PATHS: [&str; 4] = [
     "/v1/messages",
 ];
 
+const HOSTS: &str = r#""hosts":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},
+    {"address":"10.0.0.3:8000","weight":2},{"address":"[::1]:8000"}],
+    "key":{"use_user_field":true}"#;
+
+fn make(extra: &str) -> Router {
+    let cfg = Config::from_json(format!("{{{HOSTS}{extra}}}").as_bytes())
+        .unwrap_or_else(|e| panic!("fuzz config: {e}"));
+    Router::new(cfg)
+}
+
+/// The default rule (the priced spill).
 fn router() -> &'static Router {
     static R: OnceLock<Router> = OnceLock::new();
-    R.get_or_init(|| {
-        let cfg = Config::from_json(
-            br#"{"hosts":[{"address":"10.0.0.1:8000"},{"address":"10.0.0.2:8000"},
-                 {"address":"10.0.0.3:8000","weight":2},{"address":"[::1]:8000"}],
-                 "key":{"use_user_field":true}}"#,
-        )
-        .unwrap_or_else(|e| panic!("fuzz config: {e}"));
-        Router::new(cfg)
-    })
+    R.get_or_init(|| make(""))
+}
+
+/// The index rule.
+fn index_router() -> &'static Router {
+    static R: OnceLock<Router> = OnceLock::new();
+    R.get_or_init(|| make(r#","cost":{"mode":"index"}"#))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -65,23 +76,23 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let store = MemStore::default();
-    match r.key_with_chain(api, body, session) {
-        Ok((key, chain)) => {
-            let view = SharedLookup::new(&store, cfg.cost.shared);
-            let d = r.place_cost_with(key, &chain, &loads, &view, now, &cfg.cost.params);
-            if let Decision::Routed { host, .. } = d {
-                assert!(host < cfg.hosts.len());
-                let _ = cfg.cost.shared.observe(&store, host, &chain.hashes, now);
-                // The second turn's lookup finds what the first recorded.
-                let view = SharedLookup::new(&store, cfg.cost.shared);
-                let _ = r.place_cost_with(key, &chain, &loads, &view, now + 1, &cfg.cost.params);
-            }
-            let _ = d.describe(cfg);
-        }
-        Err(_) => {}
+    let ri = index_router();
+    let req = Request::new(api, body, &loads, now).with_session(session);
+    let view = SharedLookup::new(&store, ri.config().cost.shared);
+    let first = ri.decide(&req.with_index(&view));
+    if let Decision::Routed { host, .. } = first.decision {
+        assert!(host < cfg.hosts.len());
+        let chain = &first.chain.hashes;
+        let _ = ri.config().cost.shared.observe(&store, host, chain, now);
+        // The second turn's lookup finds what the first recorded.
+        let view = SharedLookup::new(&store, ri.config().cost.shared);
+        let again = Request { now_ms: now + 1, ..req };
+        let _ = ri.decide(&again.with_index(&view));
     }
-    let d = r.decide(api, body, session, &loads, now);
+    let _ = first.decision.describe(ri.config());
+    let d = r.decide(&req).decision;
     if let Decision::Routed { host, .. } = d {
         assert!(host < cfg.hosts.len());
     }
+    let _ = d.describe(cfg);
 });

@@ -58,7 +58,8 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 /// Run it; returns the report.
 pub fn run(opts: &GossipCostOptions) -> Result<String> {
-    let patch = json!({"gossip": {"accept": true}});
+    // Gossip shares the index rule's prefix index: the filter refuses it without cost.mode index.
+    let patch = json!({"cost": {"mode": "index"}, "gossip": {"accept": true}});
     let lab = Lab::start(&LabOptions {
         label: "gossip-cost".to_string(),
         backends: 4,

@@ -139,8 +139,19 @@ impl Lab {
     /// Runs `workload` through Envoy and builds the report (hit rate from the backend counter
     /// deltas over the run; if a backend lacks the counters the hit rate is left out).
     pub fn run_workload(&self, workload: &Workload, label: &str) -> Result<(RunResult, Report)> {
+        self.run_workload_observed(workload, label, &|_| {})
+    }
+
+    /// [`Lab::run_workload`], calling `observe` after every request (a progress display).
+    pub fn run_workload_observed(
+        &self,
+        workload: &Workload,
+        label: &str,
+        observe: workload::Observer<'_>,
+    ) -> Result<(RunResult, Report)> {
         let envoy = self.envoy()?;
-        let (run, mut report) = self.run_workload_at(workload, label, &[envoy.url("")])?;
+        let (run, mut report) =
+            self.run_workload_at_observed(workload, label, &[envoy.url("")], observe)?;
         // Why the cost rule's index dropped entries during the run (empty without it).
         if let Ok(samples) = envoy.prometheus() {
             report.forgets = ["capacity", "restart", "flushed", "ejected", "hosts_changed"]
@@ -171,8 +182,19 @@ impl Lab {
         label: &str,
         base_urls: &[String],
     ) -> Result<(RunResult, Report)> {
+        self.run_workload_at_observed(workload, label, base_urls, &|_| {})
+    }
+
+    /// [`Lab::run_workload_at`], calling `observe` after every request (a progress display).
+    pub fn run_workload_at_observed(
+        &self,
+        workload: &Workload,
+        label: &str,
+        base_urls: &[String],
+        observe: workload::Observer<'_>,
+    ) -> Result<(RunResult, Report)> {
         let before = self.cache_counters();
-        let run = workload::run_spread(workload, base_urls);
+        let run = workload::run_spread_observed(workload, base_urls, observe);
         let after = self.cache_counters();
         let cache = match (before, after) {
             (Ok(b), Ok(a)) => Some(a.delta(b)),

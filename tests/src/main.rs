@@ -1,4 +1,5 @@
-//! `prefix-router-lab`: run the lab from the command line.
+//! `prefix-router-lab`: run the lab from the command line (clap; `prefix-router-lab help CMD`
+//! or `CMD --help` for the flags).
 //!
 //! ```text
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
@@ -16,15 +17,27 @@
 //! about all of them. The module docs of `prefix_router_lab::workload` explain why that is the
 //! regime where routing by prefix pays off, and what each policy's hit rate is made of.
 
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
 use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
+use prefix_router_lab::gossip_cost::GossipCostOptions;
+use prefix_router_lab::overhead::OverheadOptions;
 use prefix_router_lab::report::side_by_side;
-use prefix_router_lab::workload::DEMO_CACHE_TOKENS;
+use prefix_router_lab::spike::SpikeOptions;
+use prefix_router_lab::workload::{RequestRecord, DEMO_CACHE_TOKENS};
 use prefix_router_lab::{BackendOptions, Lab, LabOptions, Report, Workload, WorkloadOptions};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-const USAGE: &str = "\
-usage: prefix-router-lab demo [options]
+const ABOUT: &str =
+    "prefix-router-lab: the prefix router in Envoy, on loopback, against backend simulators";
 
+const ENVIRONMENT: &str = "\
+Environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
+target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
+target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.";
+
+const DEMO_ABOUT: &str = "\
 Starts 4 backend simulators + Envoy with the prefix-router filter (envoy/envoy.yaml), runs a
 multi-turn chat workload through it, then does the same with fresh backends behind Envoy with
 plain round robin (envoy/envoy-round-robin.yaml), and prints both side by side.
@@ -35,63 +48,171 @@ backend's KV cache (36864 tokens) holds about a quarter of the 50 conversations,
 together about all of them. Round robin copies every conversation onto every replica, so most
 copies are evicted before they are reused; prefix-router keeps each conversation on one replica.
 
-options:
-  --conversations N   conversations (default 50)
-  --turns N           turns per conversation (default 6)
-  --concurrency N     conversations open at once (default 50: all)
-  --time-scale X      backend --time-scale (default 0.5; smaller = faster)
-  --cache-tokens N    backend KV-cache capacity in tokens (default 36864)
-  --max-running N     backend max running batch (default 8)
-  --max-tokens N      output tokens per request (default 48)
-  --first-bytes LO,HI size of each conversation's first user message (default 6000,10000)
-  --think-ms LO,HI    user think time before each follow-up turn, uniform (default 200,4000)
-  --start-ms LO,HI    delay before each conversation's first turn, uniform (default 0,4000)
-  --seed N            workload seed (default 42)
-  --filter-patch JSON merged into the filter JSON of envoy/envoy.yaml, e.g.
-                      '{\"capacity_factor\": 2.0}' (default: none)
-  --also JSON         also run the filter with this patch (instead of --filter-patch) and add it
-                      as a third column, e.g. '{\"cost\": {\"mode\": \"index\"}}': side by side in
-                      one run
-  --proxies N         run every column with N proxies (Envoys, sglang-routers) in front of the
-                      same backends, a conversation's turns alternating between them (default 1)
-  --gossip            with --proxies N > 1: the filter's Envoys gossip their indexes (`gossip`
-                      with every other Envoy as a peer, interval 100 ms)
-  --load-gossip       --gossip, and each Envoy also sends its pending prefill per replica
-                      (`gossip.name` set to its own address)
-  --sglang P[,P..]    also run SGLang's model gateway (sglang-router 0.3.2 from PyPI; install it
-                      with `./build.sh peers`) with policy P in front of fresh backends, a column
-                      each: cache_aware, round_robin, power_of_two or random
+A progress bar shows each column's requests while it runs (on stderr, when it is a terminal).";
 
-usage: prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
-
+const OVERHEAD_ABOUT: &str = "\
 Measures the filter's added latency: Envoy without a filter, with the do-nothing testbed
 filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
-Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
+Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).";
 
-usage: prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--new-bytes B] [--loopers N] [--queue Q]
-                               [--cost-patch JSON]
-
+const SPIKE_ABOUT: &str = "\
 The default rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with
 a `doc-bytes` document cached on their replicas, then `loopers` direct clients keep the replica
 holding most of them busy (a real queue, under the load bound) while the next turn of every
 old conversation and the first turn of `new` conversations (`new-bytes` first messages) go
 through Envoy. Runs the bounded ring alone (cost.mode off), then the default (spill), and prints
-TTFT and placements side by side. Defaults: --old 8 --new 24 --doc-bytes 65536 --new-bytes 2048
---loopers 7. --cost-patch merges `cost` fields into the second run, e.g. '{\"mode\": \"index\"}'.
+TTFT and placements side by side.";
 
-usage: prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
-
+const GOSSIP_COST_ABOUT: &str = "\
 What receiving index gossip costs an Envoy (tests/src/gossip_cost.rs): one Envoy with
 gossip.accept, batches of random observations POSTed to its gossip path, alternating batches it
 records (204) with same-size batches it refuses for their fingerprint (400); the difference is
-the cost of recording. Defaults: --batches 200 --observations 50 --hashes 40.
+the cost of recording.";
 
-environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
-target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
-target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.
-";
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "prefix-router-lab",
+    version,
+    about = ABOUT,
+    after_help = ENVIRONMENT,
+    arg_required_else_help = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// prefix-router vs round robin (and peers) on a multi-turn chat workload, side by side
+    #[command(long_about = DEMO_ABOUT, after_help = ENVIRONMENT)]
+    Demo(DemoArgs),
+    /// The filter's added latency inside Envoy
+    #[command(long_about = OVERHEAD_ABOUT, after_help = ENVIRONMENT)]
+    Overhead(OverheadArgs),
+    /// The default rule under a load spike: TTFT and placements, ring alone vs default
+    #[command(long_about = SPIKE_ABOUT, after_help = ENVIRONMENT)]
+    Spike(SpikeArgs),
+    /// What receiving index gossip costs an Envoy
+    #[command(long_about = GOSSIP_COST_ABOUT, after_help = ENVIRONMENT)]
+    GossipCost(GossipCostArgs),
+}
+
+/// `LO,HI` with `LO <= HI`.
+fn range<T: std::str::FromStr + PartialOrd>(v: &str) -> Result<(T, T), String> {
+    let bad = || "expected LO,HI with LO <= HI".to_string();
+    let (a, b) = v.split_once(',').ok_or_else(bad)?;
+    let lo: T = a.trim().parse().map_err(|_| bad())?;
+    let hi: T = b.trim().parse().map_err(|_| bad())?;
+    if lo <= hi {
+        Ok((lo, hi))
+    } else {
+        Err(bad())
+    }
+}
+
+fn json(v: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(v).map_err(|e| e.to_string())
+}
+
+fn json_object(v: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(v) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        _ => Err("not a JSON object".to_string()),
+    }
+}
+
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err("must be at least 1".to_string()),
+    }
+}
+
+fn proxies(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=8).contains(&n) => Ok(n),
+        _ => Err("must be 1..=8".to_string()),
+    }
+}
+
+fn sglang_policy(v: &str) -> Result<String, String> {
+    let p = v.trim();
+    if prefix_router_lab::peer::SGLANG_POLICIES.contains(&p) {
+        Ok(p.to_string())
+    } else {
+        Err(format!(
+            "unknown policy {p:?} (expected {})",
+            prefix_router_lab::peer::SGLANG_POLICIES.join(", ")
+        ))
+    }
+}
+
+/// `prefix-router-lab demo` options.
+#[derive(Debug, Clone, clap::Args)]
 struct DemoArgs {
+    /// Conversations
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().conversations)]
+    conversations: usize,
+    /// Turns per conversation
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().turns)]
+    turns: usize,
+    /// Conversations open at once (the default: all)
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().concurrency)]
+    concurrency: usize,
+    /// Backend --time-scale (smaller = faster)
+    #[arg(long, value_name = "X", default_value_t = BackendOptions::default().time_scale)]
+    time_scale: f64,
+    /// Backend KV-cache capacity in tokens
+    #[arg(long, value_name = "N", default_value_t = DEMO_CACHE_TOKENS)]
+    cache_tokens: u64,
+    /// Backend max running batch
+    #[arg(long, value_name = "N", default_value_t = BackendOptions::default().max_running)]
+    max_running: u32,
+    /// Output tokens per request
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().max_tokens)]
+    max_tokens: u32,
+    /// Size of each conversation's first user message, bytes [default: 6000,10000]
+    #[arg(long, value_name = "LO,HI", value_parser = range::<usize>)]
+    first_bytes: Option<(usize, usize)>,
+    /// User think time before each follow-up turn, uniform, ms [default: 200,4000]
+    #[arg(long, value_name = "LO,HI", value_parser = range::<u64>)]
+    think_ms: Option<(u64, u64)>,
+    /// Delay before each conversation's first turn, uniform, ms [default: 0,4000]
+    #[arg(long, value_name = "LO,HI", value_parser = range::<u64>)]
+    start_ms: Option<(u64, u64)>,
+    /// Workload seed
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().seed)]
+    seed: u64,
+    /// Merged into the filter JSON of envoy/envoy.yaml, e.g. '{"capacity_factor": 2.0}'
+    #[arg(long, value_name = "JSON", value_parser = json)]
+    filter_patch: Option<serde_json::Value>,
+    /// Also run the filter with this patch (instead of --filter-patch) and add it as a third
+    /// column, e.g. '{"cost": {"mode": "index"}}': side by side in one run
+    #[arg(long, value_name = "JSON", value_parser = json)]
+    also: Option<serde_json::Value>,
+    /// Run every column with N proxies (Envoys, sglang-routers) in front of the same backends,
+    /// a conversation's turns alternating between them
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = proxies)]
+    proxies: usize,
+    /// With --proxies N > 1: the filter's Envoys gossip their indexes (`gossip` with every
+    /// other Envoy as a peer, interval 100 ms)
+    #[arg(long)]
+    gossip: bool,
+    /// --gossip, and each Envoy also sends its pending prefill per replica (`gossip.name` set
+    /// to its own address)
+    #[arg(long)]
+    load_gossip: bool,
+    /// Also run SGLang's model gateway (sglang-router 0.3.2 from PyPI; install it with
+    /// `./build.sh peers`) with policy P in front of fresh backends, a column each:
+    /// cache_aware, round_robin, power_of_two or random
+    #[arg(long, value_name = "P[,P..]", value_delimiter = ',', value_parser = sglang_policy)]
+    sglang: Vec<String>,
+}
+
+/// The demo, as its flags ask.
+struct Demo {
     workload: WorkloadOptions,
     backend: BackendOptions,
     filter: FilterConfig,
@@ -107,133 +228,144 @@ struct DemoArgs {
     load_gossip: bool,
 }
 
-/// `LO,HI` with `LO <= HI`.
-fn range<T: std::str::FromStr + PartialOrd>(v: &str) -> Option<(T, T)> {
-    let (a, b) = v.split_once(',')?;
-    let lo: T = a.trim().parse().ok()?;
-    let hi: T = b.trim().parse().ok()?;
-    (lo <= hi).then_some((lo, hi))
+impl DemoArgs {
+    fn demo(&self) -> Result<Demo, String> {
+        let d = WorkloadOptions::default();
+        let gossip = self.gossip || self.load_gossip;
+        if gossip && self.proxies < 2 {
+            return Err("--gossip and --load-gossip need --proxies 2 or more".to_string());
+        }
+        Ok(Demo {
+            workload: WorkloadOptions {
+                conversations: self.conversations,
+                turns: self.turns,
+                concurrency: self.concurrency,
+                seed: self.seed,
+                max_tokens: self.max_tokens,
+                think_ms: self.think_ms.unwrap_or(d.think_ms),
+                start_ms: self.start_ms.unwrap_or(d.start_ms),
+                first_message_bytes: self.first_bytes.unwrap_or(d.first_message_bytes),
+                ..d
+            },
+            // The cache size the default workload is sized for (see prefix_router_lab::workload).
+            backend: BackendOptions {
+                cache_tokens: self.cache_tokens,
+                time_scale: self.time_scale,
+                max_running: self.max_running,
+                ..BackendOptions::default()
+            },
+            filter: self
+                .filter_patch
+                .clone()
+                .map_or(FilterConfig::Default, FilterConfig::Patched),
+            also: self.also.clone().map(FilterConfig::Patched),
+            sglang: self.sglang.clone(),
+            proxies: self.proxies,
+            gossip,
+            load_gossip: self.load_gossip,
+        })
+    }
 }
 
-fn parse_demo_args(args: &[String]) -> Result<DemoArgs, String> {
-    let mut d = DemoArgs {
-        workload: WorkloadOptions::default(),
-        // The cache size the default workload is sized for (see prefix_router_lab::workload).
-        backend: BackendOptions {
-            cache_tokens: DEMO_CACHE_TOKENS,
-            ..BackendOptions::default()
-        },
-        filter: FilterConfig::Default,
-        also: None,
-        sglang: Vec::new(),
-        proxies: 1,
-        gossip: false,
-        load_gossip: false,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        let bad = |v: &str| format!("bad value for {flag}: {v}");
-        match flag.as_str() {
-            "--conversations" => {
-                let v = value()?;
-                d.workload.conversations = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--turns" => {
-                let v = value()?;
-                d.workload.turns = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--concurrency" => {
-                let v = value()?;
-                d.workload.concurrency = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--seed" => {
-                let v = value()?;
-                d.workload.seed = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--time-scale" => {
-                let v = value()?;
-                d.backend.time_scale = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--cache-tokens" => {
-                let v = value()?;
-                d.backend.cache_tokens = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--think-ms" => {
-                let v = value()?;
-                d.workload.think_ms = range(&v).ok_or_else(|| bad(&v))?;
-            }
-            "--max-tokens" => {
-                let v = value()?;
-                d.workload.max_tokens = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--start-ms" => {
-                let v = value()?;
-                d.workload.start_ms = range(&v).ok_or_else(|| bad(&v))?;
-            }
-            "--first-bytes" => {
-                let v = value()?;
-                d.workload.first_message_bytes = range(&v).ok_or_else(|| bad(&v))?;
-            }
-            "--max-running" => {
-                let v = value()?;
-                d.backend.max_running = v.parse().map_err(|_| bad(&v))?;
-            }
-            "--filter-patch" => {
-                let v = value()?;
-                let patch: serde_json::Value =
-                    serde_json::from_str(&v).map_err(|e| format!("--filter-patch: {e}"))?;
-                d.filter = FilterConfig::Patched(patch);
-            }
-            "--also" => {
-                let v = value()?;
-                let patch: serde_json::Value =
-                    serde_json::from_str(&v).map_err(|e| format!("--also: {e}"))?;
-                d.also = Some(FilterConfig::Patched(patch));
-            }
-            "--proxies" => {
-                let v = value()?;
-                d.proxies = v.parse().map_err(|_| bad(&v))?;
-                if !(1..=8).contains(&d.proxies) {
-                    return Err(format!("--proxies must be 1..=8, not {v}"));
-                }
-            }
-            "--gossip" => d.gossip = true,
-            "--load-gossip" => {
-                d.gossip = true;
-                d.load_gossip = true;
-            }
-            "--sglang" => {
-                let v = value()?;
-                for p in v.split(',').map(str::trim) {
-                    if !prefix_router_lab::peer::SGLANG_POLICIES.contains(&p) {
-                        return Err(format!(
-                            "--sglang: unknown policy {p:?} (expected {})",
-                            prefix_router_lab::peer::SGLANG_POLICIES.join(", ")
-                        ));
-                    }
-                    d.sglang.push(p.to_string());
-                }
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown option {other}")),
+/// `prefix-router-lab overhead` options.
+#[derive(Debug, Clone, clap::Args)]
+struct OverheadArgs {
+    /// Interleaved rounds
+    #[arg(long, value_name = "N", default_value_t = OverheadOptions::default().rounds)]
+    rounds: usize,
+    /// Requests per configuration per round
+    #[arg(long, value_name = "N", default_value_t = OverheadOptions::default().per_round)]
+    per_round: usize,
+    /// Approximate body sizes, bytes [default: 1000,16000,128000]
+    #[arg(long, value_name = "B1,B2,..", value_delimiter = ',')]
+    sizes: Vec<usize>,
+}
+
+/// `prefix-router-lab spike` options.
+#[derive(Debug, Clone, clap::Args)]
+struct SpikeArgs {
+    /// Conversations started before the spike
+    #[arg(long, value_name = "N", default_value_t = SpikeOptions::default().old,
+          value_parser = at_least_one)]
+    old: usize,
+    /// Conversations started during the spike
+    #[arg(long, value_name = "N", default_value_t = SpikeOptions::default().new)]
+    new: usize,
+    /// Size of each old conversation's opening document, bytes
+    #[arg(long, value_name = "B", default_value_t = SpikeOptions::default().doc_bytes)]
+    doc_bytes: usize,
+    /// Size of each new conversation's first message, bytes
+    #[arg(long, value_name = "B", default_value_t = SpikeOptions::default().new_bytes)]
+    new_bytes: usize,
+    /// Clients keeping the spiked replica busy
+    #[arg(long, value_name = "N", default_value_t = SpikeOptions::default().loopers,
+          value_parser = at_least_one)]
+    loopers: usize,
+    /// The filter's cost.queue: tokens or requests
+    #[arg(long, value_name = "Q", default_value_t = SpikeOptions::default().queue)]
+    queue: String,
+    /// `cost` fields merged into the second run, e.g. '{"mode": "index"}'
+    #[arg(long, value_name = "JSON", value_parser = json_object)]
+    cost_patch: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `prefix-router-lab gossip-cost` options.
+#[derive(Debug, Clone, clap::Args)]
+struct GossipCostArgs {
+    /// Batches of each kind
+    #[arg(long, value_name = "N", default_value_t = GossipCostOptions::default().batches,
+          value_parser = at_least_one)]
+    batches: usize,
+    /// Observations per batch
+    #[arg(long, value_name = "N", default_value_t = GossipCostOptions::default().observations,
+          value_parser = at_least_one)]
+    observations: usize,
+    /// Hashes per observation
+    #[arg(long, value_name = "N", default_value_t = GossipCostOptions::default().hashes)]
+    hashes: usize,
+}
+
+/// A progress bar over one column's requests: on stderr, drawn only when it is a terminal.
+fn progress_bar(total: usize, label: &str) -> ProgressBar {
+    let pb = ProgressBar::new(total as u64);
+    let style = ProgressStyle::with_template(
+        "   {prefix} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+/// A spinner with the elapsed time, for runs whose requests are not counted ahead: on
+/// stderr, drawn only when it is a terminal.
+fn spinner(what: &str) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("   {spinner} {msg} [{elapsed_precise}]") {
+        pb.set_style(style);
+    }
+    pb.set_message(what.to_string());
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    pb
+}
+
+/// Advances `pb` for each finished request and names the failures so far.
+fn observer(pb: &ProgressBar) -> impl Fn(&RequestRecord) + Sync + '_ {
+    let failed = AtomicUsize::new(0);
+    move |rec: &RequestRecord| {
+        if rec.error.is_some() {
+            let n = failed.fetch_add(1, Ordering::Relaxed) + 1;
+            pb.set_message(format!("({n} failed)"));
         }
+        pb.inc(1);
     }
-    if d.gossip && d.proxies < 2 {
-        return Err("--gossip and --load-gossip need --proxies 2 or more".to_string());
-    }
-    Ok(d)
 }
 
 fn run_one(
     mode: EnvoyMode,
     label: &str,
     filter: &FilterConfig,
-    args: &DemoArgs,
+    args: &Demo,
     workload: &Workload,
 ) -> Result<Report, String> {
     let n = args.proxies.max(1);
@@ -260,6 +392,8 @@ fn run_one(
         }),
     })
     .map_err(|e| e.to_string())?;
+    // Made once the lines above are printed (a bar draws as soon as it exists).
+    let pb;
     let report = if n == 1 {
         if let Ok(e) = lab.envoy() {
             println!(
@@ -271,7 +405,8 @@ fn run_one(
                 workload.opts.concurrency
             );
         }
-        lab.run_workload(workload, label)
+        pb = progress_bar(workload.total_requests(), label);
+        lab.run_workload_observed(workload, label, &observer(&pb))
             .map_err(|e| e.to_string())?
             .1
     } else {
@@ -286,19 +421,21 @@ fn run_one(
             workload.opts.turns,
             workload.opts.concurrency
         );
+        pb = progress_bar(workload.total_requests(), label);
         let (_run, report) = lab
-            .run_workload_at(workload, label, &urls)
+            .run_workload_at_observed(workload, label, &urls, &observer(&pb))
             .map_err(|e| e.to_string())?;
         drop(envoys);
         report
     };
+    pb.finish_and_clear();
     print_done(&report);
     lab.stop();
     Ok(report)
 }
 
-fn demo(args: &[String]) -> Result<(), String> {
-    let args = parse_demo_args(args)?;
+fn demo(args: &DemoArgs) -> Result<(), String> {
+    let args = args.demo()?;
     let workload = Workload::generate(args.workload.clone());
     let with_filter = run_one(
         EnvoyMode::PrefixRouter,
@@ -347,7 +484,7 @@ fn print_done(report: &Report) {
 }
 
 /// The workload through sglang-router with `policy`, in front of 4 fresh backends.
-fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Report, String> {
+fn run_sglang(policy: &str, args: &Demo, workload: &Workload) -> Result<Report, String> {
     let label = format!("sglang-router {policy}");
     println!(
         "== {label}: starting 4 backends (KV cache {} tokens each) + {} sglang-router{}",
@@ -378,9 +515,12 @@ fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Repo
         workload.opts.turns,
         workload.opts.concurrency
     );
+    let pb = progress_bar(workload.total_requests(), &label);
+    let observe = observer(&pb);
     let (_run, report) = lab
-        .run_workload_at(workload, &label, &urls)
+        .run_workload_at_observed(workload, &label, &urls, &observe)
         .map_err(|e| e.to_string())?;
+    pb.finish_and_clear();
     print_done(&report);
     for r in &mut routers {
         r.stop();
@@ -389,62 +529,31 @@ fn run_sglang(policy: &str, args: &DemoArgs, workload: &Workload) -> Result<Repo
     Ok(report)
 }
 
-/// `--flag value` pairs (every flag of `overhead` and `spike` takes a value).
-fn flag_values(args: &[String]) -> Result<Vec<(&str, &str)>, String> {
-    let mut out = Vec::new();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        out.push((flag.as_str(), v.as_str()));
-    }
-    Ok(out)
-}
-
-fn overhead(args: &[String]) -> Result<(), String> {
-    let mut opts = prefix_router_lab::overhead::OverheadOptions::default();
-    for (flag, v) in flag_values(args)? {
-        let bad = || format!("bad value for {flag}: {v}");
-        match flag {
-            "--rounds" => opts.rounds = v.parse().map_err(|_| bad())?,
-            "--per-round" => opts.per_round = v.parse().map_err(|_| bad())?,
-            "--sizes" => {
-                opts.sizes = v
-                    .split(',')
-                    .map(|s| s.trim().parse())
-                    .collect::<Result<_, _>>()
-                    .map_err(|_| bad())?
-            }
-            other => return Err(format!("unknown option {other}")),
-        }
+fn overhead(args: &OverheadArgs) -> Result<(), String> {
+    let mut opts = OverheadOptions {
+        rounds: args.rounds,
+        per_round: args.per_round,
+        ..OverheadOptions::default()
+    };
+    if !args.sizes.is_empty() {
+        opts.sizes = args.sizes.clone();
     }
     println!("{}", prefix_router_lab::overhead::run(&opts)?);
     Ok(())
 }
 
-fn spike(args: &[String]) -> Result<(), String> {
-    use prefix_router_lab::spike::{self, SpikeOptions};
-    let mut opts = SpikeOptions::default();
-    for (flag, v) in flag_values(args)? {
-        let bad = || format!("bad value for {flag}: {v}");
-        match flag {
-            "--old" => opts.old = v.parse().map_err(|_| bad())?,
-            "--new" => opts.new = v.parse().map_err(|_| bad())?,
-            "--doc-bytes" => opts.doc_bytes = v.parse().map_err(|_| bad())?,
-            "--new-bytes" => opts.new_bytes = v.parse().map_err(|_| bad())?,
-            "--loopers" => opts.loopers = v.parse().map_err(|_| bad())?,
-            "--queue" => opts.queue = v.to_string(),
-            "--cost-patch" => {
-                opts.cost_patch = match serde_json::from_str(v) {
-                    Ok(serde_json::Value::Object(m)) => m,
-                    _ => return Err(format!("--cost-patch: not a JSON object: {v}")),
-                }
-            }
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    if opts.old == 0 || opts.loopers == 0 {
-        return Err("--old and --loopers must be at least 1".to_string());
-    }
+fn spike(args: &SpikeArgs) -> Result<(), String> {
+    use prefix_router_lab::spike;
+    let opts = SpikeOptions {
+        old: args.old,
+        new: args.new,
+        doc_bytes: args.doc_bytes,
+        new_bytes: args.new_bytes,
+        loopers: args.loopers,
+        queue: args.queue.clone(),
+        cost_patch: args.cost_patch.clone().unwrap_or_default(),
+        ..SpikeOptions::default()
+    };
     let mut results = Vec::new();
     for cost in [false, true] {
         println!(
@@ -462,11 +571,13 @@ fn spike(args: &[String]) -> Result<(), String> {
                 "off (bounded ring only)".to_string()
             }
         );
+        let pb = spinner("running the scenario");
         let r = spike::run(&SpikeOptions {
             cost,
             ..opts.clone()
-        })
-        .map_err(|e| e.to_string())?;
+        });
+        pb.finish_and_clear();
+        let r = r.map_err(|e| e.to_string())?;
         if !spike::all_ok(&r) {
             return Err(format!(
                 "cost.mode {}: some requests failed",
@@ -480,49 +591,187 @@ fn spike(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn gossip_cost(args: &[String]) -> Result<(), String> {
-    let mut opts = prefix_router_lab::gossip_cost::GossipCostOptions::default();
-    for (flag, v) in flag_values(args)? {
-        let bad = || format!("bad value for {flag}: {v}");
-        match flag {
-            "--batches" => opts.batches = v.parse().map_err(|_| bad())?,
-            "--observations" => opts.observations = v.parse().map_err(|_| bad())?,
-            "--hashes" => opts.hashes = v.parse().map_err(|_| bad())?,
-            other => return Err(format!("unknown option {other}")),
-        }
-    }
-    if opts.batches == 0 || opts.observations == 0 {
-        return Err("--batches and --observations must be at least 1".to_string());
-    }
-    println!(
-        "{}",
-        prefix_router_lab::gossip_cost::run(&opts).map_err(|e| e.to_string())?
-    );
+fn gossip_cost(args: &GossipCostArgs) -> Result<(), String> {
+    let opts = GossipCostOptions {
+        batches: args.batches,
+        observations: args.observations,
+        hashes: args.hashes,
+    };
+    let pb = spinner("posting gossip batches to one Envoy");
+    let table = prefix_router_lab::gossip_cost::run(&opts);
+    pb.finish_and_clear();
+    println!("{}", table.map_err(|e| e.to_string())?);
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("demo") => demo(&args[1..]),
-        Some("overhead") => overhead(&args[1..]),
-        Some("spike") => spike(&args[1..]),
-        Some("gossip-cost") => gossip_cost(&args[1..]),
-        Some("-h" | "--help" | "help") => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        _ => Err(String::new()),
+    // Usage errors exit with status 2 (clap), run errors with 1.
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Demo(a) => demo(a),
+        Command::Overhead(a) => overhead(a),
+        Command::Spike(a) => spike(a),
+        Command::GossipCost(a) => gossip_cost(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is_empty() => {
-            eprint!("{USAGE}");
-            ExitCode::from(2)
-        }
         Err(e) => {
             eprintln!("prefix-router-lab: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("prefix-router-lab").chain(args.iter().copied()))
+    }
+
+    fn demo_of(args: &[&str]) -> Result<Demo, String> {
+        let mut all = vec!["demo"];
+        all.extend_from_slice(args);
+        match parse(&all).map_err(|e| e.to_string())?.command {
+            Command::Demo(d) => d.demo(),
+            other => panic!("not the demo: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn demo_defaults_are_the_documented_workload() {
+        let d = demo_of(&[]).unwrap();
+        let w = WorkloadOptions::default();
+        assert_eq!(d.workload.conversations, w.conversations);
+        assert_eq!(d.workload.turns, w.turns);
+        assert_eq!(d.workload.concurrency, w.concurrency);
+        assert_eq!(d.workload.think_ms, w.think_ms);
+        assert_eq!(d.workload.start_ms, w.start_ms);
+        assert_eq!(d.workload.first_message_bytes, w.first_message_bytes);
+        assert_eq!(d.workload.max_tokens, w.max_tokens);
+        assert_eq!(d.workload.seed, w.seed);
+        assert_eq!(d.backend.cache_tokens, DEMO_CACHE_TOKENS);
+        assert_eq!(d.backend.time_scale, BackendOptions::default().time_scale);
+        assert_eq!(d.backend.max_running, BackendOptions::default().max_running);
+        assert!(matches!(d.filter, FilterConfig::Default));
+        assert!(d.also.is_none() && d.sglang.is_empty());
+        assert_eq!(d.proxies, 1);
+        assert!(!d.gossip && !d.load_gossip);
+    }
+
+    #[test]
+    fn demo_flags() {
+        let d = demo_of(&[
+            "--conversations",
+            "8",
+            "--turns",
+            "2",
+            "--concurrency",
+            "4",
+            "--time-scale",
+            "0.25",
+            "--cache-tokens",
+            "1000",
+            "--max-running",
+            "3",
+            "--max-tokens",
+            "5",
+            "--first-bytes",
+            "10,20",
+            "--think-ms",
+            "0,1",
+            "--start-ms",
+            "5,5",
+            "--seed",
+            "7",
+            "--filter-patch",
+            r#"{"capacity_factor": 2.0}"#,
+            "--also",
+            r#"{"cost": {"mode": "index"}}"#,
+            "--proxies",
+            "2",
+            "--load-gossip",
+            "--sglang",
+            "cache_aware,round_robin",
+        ])
+        .unwrap();
+        assert_eq!(d.workload.conversations, 8);
+        assert_eq!(d.workload.turns, 2);
+        assert_eq!(d.workload.concurrency, 4);
+        assert_eq!(d.backend.time_scale, 0.25);
+        assert_eq!(d.backend.cache_tokens, 1000);
+        assert_eq!(d.backend.max_running, 3);
+        assert_eq!(d.workload.max_tokens, 5);
+        assert_eq!(d.workload.first_message_bytes, (10, 20));
+        assert_eq!(d.workload.think_ms, (0, 1));
+        assert_eq!(d.workload.start_ms, (5, 5));
+        assert_eq!(d.workload.seed, 7);
+        assert!(
+            matches!(&d.filter, FilterConfig::Patched(v) if v["capacity_factor"] == 2.0),
+            "{:?}",
+            d.filter
+        );
+        assert!(matches!(&d.also, Some(FilterConfig::Patched(v)) if v["cost"]["mode"] == "index"));
+        assert_eq!(d.proxies, 2);
+        assert!(d.gossip && d.load_gossip);
+        assert_eq!(d.sglang, ["cache_aware", "round_robin"]);
+    }
+
+    #[test]
+    fn bad_demo_flags_are_refused() {
+        for bad in [
+            &["--proxies", "0"][..],
+            &["--proxies", "9"],
+            &["--think-ms", "5,1"],
+            &["--first-bytes", "10"],
+            &["--filter-patch", "{nope"],
+            &["--sglang", "fastest"],
+            &["--gossip"],
+            &["--proxies", "1", "--load-gossip"],
+            &["--conversations", "x"],
+            &["--bogus"],
+        ] {
+            assert!(demo_of(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn other_commands() {
+        let Command::Overhead(o) = parse(&["overhead", "--sizes", "100,2000", "--rounds", "2"])
+            .unwrap()
+            .command
+        else {
+            panic!("not overhead");
+        };
+        assert_eq!((o.sizes.as_slice(), o.rounds), (&[100, 2000][..], 2));
+        assert_eq!(o.per_round, OverheadOptions::default().per_round);
+        let Command::Spike(s) = parse(&["spike", "--cost-patch", r#"{"mode": "index"}"#])
+            .unwrap()
+            .command
+        else {
+            panic!("not spike");
+        };
+        assert_eq!(s.cost_patch.unwrap()["mode"], "index");
+        assert_eq!(s.old, SpikeOptions::default().old);
+        assert!(parse(&["spike", "--cost-patch", "[1]"]).is_err());
+        assert!(parse(&["spike", "--loopers", "0"]).is_err());
+        let Command::GossipCost(g) = parse(&["gossip-cost", "--hashes", "3"]).unwrap().command
+        else {
+            panic!("not gossip-cost");
+        };
+        assert_eq!(
+            (g.hashes, g.batches),
+            (3, GossipCostOptions::default().batches)
+        );
+        assert!(parse(&["gossip-cost", "--batches", "0"]).is_err());
+        assert!(parse(&[]).is_err());
+        assert!(parse(&["nope"]).is_err());
     }
 }

@@ -235,6 +235,15 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             .to_string();
         clients.push(RawClient::connect(&addr)?);
     }
+    // Progress on stderr (drawn only when it is a terminal): every request, warm-up included.
+    let total =
+        opts.sizes.len() * clients.len() * (20.min(opts.per_round) + opts.rounds * opts.per_round);
+    let pb = indicatif::ProgressBar::new(total as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "   overhead [{elapsed_precise}] {bar:40} {pos}/{len} requests",
+    ) {
+        pb.set_style(style);
+    }
     let mut out = String::new();
     out.push_str(&format!(
         "Envoy 1.40 (v8), 1 worker; {} rounds x {} requests per config and size, interleaved; \
@@ -251,6 +260,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         for c in clients.iter_mut() {
             for b in bodies.iter().take(20) {
                 c.post("/v1/chat/completions", b)?;
+                pb.inc(1);
             }
         }
         for _ in 0..opts.rounds {
@@ -259,6 +269,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
                     let t = Instant::now();
                     let status = c.post("/v1/chat/completions", b)?;
                     let us = t.elapsed().as_secs_f64() * 1e6;
+                    pb.inc(1);
                     if status != 200 {
                         return Err(format!("{}: status {status}", configs[k].0));
                     }
@@ -293,6 +304,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             p50[1] - p50[0]
         ));
     }
+    pb.finish_and_clear();
     Ok(out)
 }
 

@@ -610,6 +610,7 @@ fn run_conversation(
     urls: &[String],
     opts: &WorkloadOptions,
     conv: &Conversation,
+    observe: Observer<'_>,
 ) -> Vec<RequestRecord> {
     let mut messages = vec![json!({"role": "system", "content": conv.system})];
     let mut out = Vec::with_capacity(conv.user_messages.len());
@@ -637,6 +638,7 @@ fn run_conversation(
             rec.reply.clone()
         };
         messages.push(json!({"role": "assistant", "content": reply}));
+        observe(&rec);
         out.push(rec);
     }
     out
@@ -651,6 +653,19 @@ pub fn run(workload: &Workload, base_url: &str) -> RunResult {
 /// conversation's consecutive turns alternate between them (turn `t` of conversation `c` goes
 /// to `base_urls[(c + t) % n]`), as when clients are spread over proxies without stickiness.
 pub fn run_spread(workload: &Workload, base_urls: &[String]) -> RunResult {
+    run_spread_observed(workload, base_urls, &|_| {})
+}
+
+/// Called with each request's record as soon as it has finished (from the
+/// client threads): a progress display.
+pub type Observer<'a> = &'a (dyn Fn(&RequestRecord) + Sync);
+
+/// [`run_spread`], calling `observe` after every request.
+pub fn run_spread_observed(
+    workload: &Workload,
+    base_urls: &[String],
+    observe: Observer<'_>,
+) -> RunResult {
     let urls: Vec<String> = base_urls
         .iter()
         .map(|b| format!("{b}{}", workload.opts.path))
@@ -671,7 +686,7 @@ pub fn run_spread(workload: &Workload, base_urls: &[String]) -> RunResult {
                     let Some(conv) = workload.conversations.get(i) else {
                         break;
                     };
-                    let recs = run_conversation(&agent, &urls, &workload.opts, conv);
+                    let recs = run_conversation(&agent, &urls, &workload.opts, conv, observe);
                     records
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())

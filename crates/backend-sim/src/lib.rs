@@ -5,12 +5,13 @@
 //! behaviour from [`prefix_router_replica`] driven by the real clock.
 //!
 //! * [`cli`]: command-line flags and defaults.
-//! * [`http`]: a minimal HTTP/1.1 server side (keep-alive, Content-Length and
-//!   chunked bodies, `Expect: 100-continue`); std only, one thread per
-//!   connection.
+//! * [`http`]: the HTTP/1.1 side, on hyper (keep-alive, Content-Length and
+//!   chunked bodies, `Expect: 100-continue`, chunked streamed responses):
+//!   requests in, responses out.
 //! * [`openai`]: request parsing, the simulator's own chat template, and
 //!   OpenAI-format response/chunk bodies.
-//! * [`server`]: the scheduler thread that owns the [`Replica`] and the
+//! * [`server`]: the scheduler thread that owns the [`Replica`], the tokio
+//!   runtime serving the connections, and the
 //!   endpoints (`/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 //!   `/health`, `/metrics`, `/admin/queue`, `/admin/reset`, `/reset_prefix_cache`), response headers
 //!   (`x-backend-name`, `x-cached-tokens`, `x-queue-depth`, ORCA

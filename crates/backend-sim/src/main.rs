@@ -7,25 +7,13 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use prefix_router_backend::cli::{self, Command};
+use clap::Parser;
+use prefix_router_backend::cli::Args;
 use prefix_router_backend::Server;
 
 fn main() -> ExitCode {
-    let cfg = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(cfg)) => *cfg,
-        Ok(Command::Help) => {
-            print!("{}", cli::help());
-            return ExitCode::SUCCESS;
-        }
-        Ok(Command::Version) => {
-            println!("prefix-router-backend {}", env!("CARGO_PKG_VERSION"));
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    // Usage errors exit with status 2, --help and --version with 0.
+    let cfg = Args::parse().config();
     let name = cfg.name.clone();
     let model = cfg.model.clone();
     let server = match Server::bind(cfg) {

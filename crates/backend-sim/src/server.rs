@@ -1,16 +1,21 @@
-//! The server: a scheduler thread owning the [`Replica`], one thread per
-//! connection, and the endpoints.
+//! The server: a scheduler thread owning the [`Replica`], hyper on a tokio
+//! runtime for the connections, and the endpoints.
 //!
-//! ## Threads
+//! ## Threads and tasks
 //!
 //! * The **scheduler** thread advances the replica to the current simulated
-//!   time, delivers [`Event`]s to the waiting request threads over channels,
+//!   time, delivers [`Event`]s to the waiting request handlers over channels,
 //!   and sleeps on a condition variable until the replica's next event (or a
 //!   new submission wakes it).
-//! * Each **connection** thread reads requests (keep-alive), submits
-//!   generations to the replica under the shared lock and waits on its
-//!   channel for `FirstToken` / `Done`. Nothing blocks on IO while holding
-//!   the lock. Up to [`MAX_CONNECTIONS`] connections are served at once.
+//! * Each **connection** is a task serving HTTP/1.1 with hyper (keep-alive)
+//!   on one thread (a tokio current-thread runtime); its handler submits
+//!   generations to the replica under the shared lock and awaits
+//!   `FirstToken` / `Done` on its channel. A streamed response's tokens are
+//!   written by a task of their own. Nothing awaits while holding the lock.
+//!   Up to [`MAX_CONNECTIONS`] connections are served at once; more get
+//!   `503` and are closed. A stream whose client has gone away is aborted
+//!   in the replica at its next chunk (and a request whose handler hyper
+//!   dropped before its first token, at that token).
 //!
 //! ## Responses
 //!
@@ -49,20 +54,28 @@
 //! and the counters go on counting.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::fmt::Write as _;
-use std::io::{self, BufReader};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
+use http_body_util::channel::{Channel, Sender};
+use http_body_util::BodyExt;
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::Response;
+use hyper_util::rt::TokioIo;
 use prefix_router_replica::{Event, Prompt, Replica, ReqId};
 use serde_json::{json, Value};
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 
 use crate::cli::Config;
-use crate::http::{self, ReadError, Request, Streaming};
+use crate::http::{self, Body, BodyError, Headers, Request};
 use crate::openai::{self, Api, ApiError, GenRequest, Meta};
 
 /// Max simultaneously served connections; more get `503` and are closed.
@@ -127,9 +140,9 @@ impl Default for Stats {
     }
 }
 
-/// A request thread waiting for its events.
+/// A request handler waiting for its events.
 struct Sub {
-    tx: Sender<Event>,
+    tx: UnboundedSender<Event>,
     t_submit: f64,
     prompt_tokens: u64,
     output_tokens: u64,
@@ -320,10 +333,12 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-type Headers = Vec<(String, String)>;
+type Reply = Response<Body>;
 
-/// Outcome of a handler: keep the connection open?
-type Keep = io::Result<bool>;
+/// `(name, value)` of the header that closes the connection after a response.
+fn close() -> (String, String) {
+    ("connection".into(), "close".into())
+}
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -383,7 +398,8 @@ impl Shared {
             }
         }
         for id in gone {
-            // The request thread is gone: stop simulating it.
+            // The request's handler is gone (its client closed the
+            // connection): stop simulating it.
             if st.subs.remove(&id).is_some() {
                 st.replica.abort(id, now);
             }
@@ -439,7 +455,7 @@ impl Shared {
             h.push(("endpoint-load-metrics".into(), orca));
         }
         // Test hook: load headers a proxy cannot read as UTF-8, a raw 0xFF
-        // byte (written as one octet by `http::head`) before every number.
+        // byte (written as one octet, see `http::octets`) before every number.
         if req.is_some_and(|r| r.header("x-sim-bad-load-headers").is_some()) {
             for (n, v) in h.iter_mut() {
                 if n == "endpoint-load-metrics" {
@@ -452,39 +468,51 @@ impl Shared {
         (h, load)
     }
 
-    fn respond_json(
-        &self,
-        w: &mut TcpStream,
-        req: Option<&Request>,
-        status: u16,
-        body: &Value,
-        keep: bool,
-    ) -> Keep {
+    fn respond_json(&self, req: Option<&Request>, status: u16, body: &Value) -> Reply {
         let (h, _) = self.headers(req, 0, "application/json");
-        http::write_response(w, status, &h, body.to_string().as_bytes(), keep)?;
-        Ok(keep)
+        http::full(status, &h, body.to_string())
     }
 
-    fn respond_error(
-        &self,
-        w: &mut TcpStream,
-        req: Option<&Request>,
-        e: &ApiError,
-        keep: bool,
-    ) -> Keep {
+    fn respond_error(&self, req: Option<&Request>, e: &ApiError) -> Reply {
         let (h, _) = self.headers(req, 0, "application/json");
-        http::write_response(w, e.status, &h, e.body().as_bytes(), keep)?;
-        Ok(keep)
+        http::full(e.status, &h, e.body())
     }
 
-    fn route(&self, req: &Request, w: &mut TcpStream) -> Keep {
-        let keep = req.keep_alive();
+    /// An error answer after which the connection is closed (the request
+    /// could not be read whole).
+    fn respond_error_close(&self, e: &ApiError) -> Reply {
+        let (mut h, _) = self.headers(None, 0, "application/json");
+        h.push(close());
+        http::full(e.status, &h, e.body())
+    }
+
+    /// One request off a connection: read its body, route it.
+    async fn handle(self: Arc<Self>, req: hyper::Request<Incoming>, over_limit: bool) -> Reply {
+        if over_limit {
+            let e = ApiError::new(503, "ServiceUnavailable", "too many connections");
+            return self.respond_error_close(&e);
+        }
+        let (parts, incoming) = req.into_parts();
+        let body = match http::read_body(&parts, incoming).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                let e = ApiError::new(413, "PayloadTooLarge", "body too large");
+                return self.respond_error_close(&e);
+            }
+            Err(BodyError::Bad(msg)) => {
+                return self.respond_error_close(&ApiError::bad_request(msg));
+            }
+        };
+        let req = Request::new(&parts, body);
+        self.route(&req).await
+    }
+
+    async fn route(self: &Arc<Self>, req: &Request) -> Reply {
         let method = req.method.as_str();
         match (method, req.path.as_str()) {
             ("GET", "/health") => {
                 let (h, _) = self.headers(Some(req), 0, "text/plain");
-                http::write_response(w, 200, &h, b"", keep)?;
-                Ok(keep)
+                http::full(200, &h, Bytes::new())
             }
             ("GET", "/v1/models") => {
                 let body = json!({
@@ -500,7 +528,7 @@ impl Shared {
                         "permission": [],
                     }],
                 });
-                self.respond_json(w, Some(req), 200, &body, keep)
+                self.respond_json(Some(req), 200, &body)
             }
             ("GET", "/metrics") => {
                 let snap = {
@@ -516,16 +544,15 @@ impl Shared {
                 };
                 let body = render_metrics(&self.cfg.model, &snap);
                 let (h, _) = self.headers(Some(req), 0, "text/plain; version=0.0.4; charset=utf-8");
-                http::write_response(w, 200, &h, body.as_bytes(), keep)?;
-                Ok(keep)
+                http::full(200, &h, body)
             }
             ("POST", "/v1/chat/completions") => match openai::parse_chat(&req.body) {
-                Ok(g) => self.generate(req, g, w),
-                Err(e) => self.respond_error(w, Some(req), &e, keep),
+                Ok(g) => self.generate(req, g).await,
+                Err(e) => self.respond_error(Some(req), &e),
             },
             ("POST", "/v1/completions") => match openai::parse_completion(&req.body) {
-                Ok(g) => self.generate(req, g, w),
-                Err(e) => self.respond_error(w, Some(req), &e, keep),
+                Ok(g) => self.generate(req, g).await,
+                Err(e) => self.respond_error(Some(req), &e),
             },
             ("POST", "/admin/queue") => {
                 let v = serde_json::from_slice::<Value>(&req.body).ok();
@@ -548,13 +575,13 @@ impl Shared {
                             (st.extra_waiting, st.extra_running)
                         };
                         let body = json!({ "extra_waiting": wait, "extra_running": run });
-                        self.respond_json(w, Some(req), 200, &body, keep)
+                        self.respond_json(Some(req), 200, &body)
                     }
                     _ => {
                         let e = ApiError::bad_request(
                             "expected a JSON body {\"extra_waiting\": N, \"extra_running\": M} (either or both) with N, M >= 0",
                         );
-                        self.respond_error(w, Some(req), &e, keep)
+                        self.respond_error(Some(req), &e)
                     }
                 }
             }
@@ -566,7 +593,7 @@ impl Shared {
                     st.replica.reset_cache();
                     st.stats = Stats::default();
                 }
-                self.respond_json(w, Some(req), 200, &json!({ "reset": true }), keep)
+                self.respond_json(Some(req), 200, &json!({ "reset": true }))
             }
             ("POST", "/reset_prefix_cache") => {
                 {
@@ -575,7 +602,7 @@ impl Shared {
                     self.pump(&mut st, now);
                     st.replica.flush_cache();
                 }
-                self.respond_json(w, Some(req), 200, &json!({ "flushed": true }), keep)
+                self.respond_json(Some(req), 200, &json!({ "flushed": true }))
             }
             (
                 _,
@@ -593,23 +620,21 @@ impl Shared {
                     "MethodNotAllowed",
                     format!("method {method} not allowed on {}", req.path),
                 );
-                self.respond_error(w, Some(req), &e, keep)
+                self.respond_error(Some(req), &e)
             }
             _ => {
                 let e = ApiError::not_found(format!("no route for {method} {}", req.path));
-                self.respond_error(w, Some(req), &e, keep)
+                self.respond_error(Some(req), &e)
             }
         }
     }
 
-    fn generate(&self, req: &Request, g: GenRequest, w: &mut TcpStream) -> Keep {
-        let keep = req.keep_alive();
+    async fn generate(self: &Arc<Self>, req: &Request, g: GenRequest) -> Reply {
         if self.cfg.instant {
             // Overhead measurements: no scheduler, no cache, no waiting.
             let (h, _) = self.headers(Some(req), 0, "application/json");
             let body = br#"{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"length"}]}"#;
-            http::write_response(w, 200, &h, body, keep)?;
-            return Ok(keep);
+            return http::full(200, &h, Bytes::from_static(body));
         }
         let prompt = Prompt::from_bytes(&g.prompt, self.cfg.cost.block_tokens);
         let prompt_tokens = prompt.tokens();
@@ -619,7 +644,7 @@ impl Shared {
                 "This model's maximum context length is {} tokens. However, you requested {total} tokens ({prompt_tokens} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
                 self.cfg.max_model_len, g.max_tokens
             ));
-            return self.respond_error(w, Some(req), &e, keep);
+            return self.respond_error(Some(req), &e);
         }
         // Prompt + the text this request will generate: what stays cached at
         // Done (built after the length check: max_tokens is bounded here).
@@ -628,7 +653,7 @@ impl Shared {
             b.extend_from_slice(openai::text_range(0, g.max_tokens).as_bytes());
             Prompt::from_bytes(&b, self.cfg.cost.block_tokens)
         };
-        let (tx, rx) = mpsc::channel();
+        let (tx, mut rx) = mpsc::unbounded_channel();
         let id = {
             let mut st = self.lock();
             let now = self.sim_now();
@@ -638,7 +663,7 @@ impl Shared {
             if let Err(e) = st.replica.submit(id, prompt, g.max_tokens, now) {
                 drop(st);
                 let e = ApiError::new(500, "InternalServerError", e.to_string());
-                return self.respond_error(w, Some(req), &e, keep);
+                return self.respond_error(Some(req), &e);
             }
             st.subs.insert(
                 id,
@@ -659,189 +684,190 @@ impl Shared {
             Api::Completions => "cmpl",
         };
         let rid = format!("{prefix}-{}-{id}", self.cfg.name);
-        let meta = Meta {
-            api: g.api,
-            id: &rid,
-            created: unix_now(),
-            model: &self.cfg.model,
+        let created = unix_now();
+        let dropped = || {
+            ApiError::new(
+                500,
+                "InternalServerError",
+                "request was dropped by the scheduler",
+            )
         };
 
-        // Wait for the first token.
+        // Wait for the first token. (If the client goes away meanwhile, hyper
+        // drops this future and with it `rx`: the scheduler then finds the
+        // request gone at its first token and aborts it.)
         let cached = loop {
-            match rx.recv() {
-                Ok(Event::FirstToken { cached_tokens, .. }) => break cached_tokens,
-                Ok(Event::Done { .. }) => continue,
-                Err(_) => {
-                    let e = ApiError::new(
-                        500,
-                        "InternalServerError",
-                        "request was dropped by the scheduler",
-                    );
-                    return self.respond_error(w, Some(req), &e, keep);
-                }
+            match rx.recv().await {
+                Some(Event::FirstToken { cached_tokens, .. }) => break cached_tokens,
+                Some(Event::Done { .. }) => continue,
+                None => return self.respond_error(Some(req), &dropped()),
             }
         };
         let usage = openai::usage(prompt_tokens, g.max_tokens, cached);
 
         if !g.stream {
-            if !wait_done(&rx) {
-                let e = ApiError::new(
-                    500,
-                    "InternalServerError",
-                    "request was dropped by the scheduler",
-                );
-                return self.respond_error(w, Some(req), &e, keep);
+            if !wait_done(&mut rx).await {
+                return self.respond_error(Some(req), &dropped());
             }
+            let meta = Meta {
+                api: g.api,
+                id: &rid,
+                created,
+                model: &self.cfg.model,
+            };
             let body = openai::full_response(&meta, &openai::text_range(0, g.max_tokens), usage);
             let (h, _) = self.headers(Some(req), cached, "application/json");
-            http::write_response(w, 200, &h, body.to_string().as_bytes(), keep)?;
-            return Ok(keep);
+            return http::full(200, &h, body.to_string());
         }
 
-        match self.stream(req, &g, &meta, cached, usage, &rx, w) {
-            Ok(k) => Ok(k),
-            Err(e) => {
-                self.abort(id);
-                Err(e)
-            }
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn stream(
-        &self,
-        req: &Request,
-        g: &GenRequest,
-        meta: &Meta<'_>,
-        cached: u64,
-        usage: Value,
-        rx: &Receiver<Event>,
-        w: &mut TcpStream,
-    ) -> Keep {
-        let keep = req.keep_alive();
+        // Streamed: the head and the first token now, the rest from a task
+        // that paces tokens until the replica says Done.
         let (mut h, load) = self.headers(Some(req), cached, "text/event-stream");
         h.push(("cache-control".into(), "no-cache".into()));
         let step = self.cfg.cost.decode_step_time(load.running as usize) * self.cfg.time_scale;
         let step = Duration::try_from_secs_f64(step.max(0.0)).unwrap_or(Duration::ZERO);
-        let n = g.max_tokens;
-        let mut s = Streaming::start(w, 200, &h, req.minor >= 1, keep)?;
+        let (mut body_tx, body) = Channel::<Bytes, Infallible>::new(STREAM_BUFFER);
+        let stream = SseStream {
+            api: g.api,
+            rid,
+            created,
+            max_tokens: g.max_tokens,
+            include_usage: g.include_usage,
+            usage,
+            step,
+        };
+        // The channel is new: the first chunk always fits.
+        let _ = body_tx.try_send(Frame::data(Bytes::from(stream.first(&self.cfg.model))));
+        let shared = Arc::clone(self);
+        tokio::spawn(async move {
+            if stream.pace(&shared, rx, body_tx).await.is_err() {
+                shared.abort(id);
+            }
+        });
+        http::response(200, &h, body.boxed())
+    }
+}
+
+/// Data frames a stream's body may hold before its task waits for the
+/// connection to take them.
+const STREAM_BUFFER: usize = 16;
+
+/// What a streamed generation's task needs to write its chunks.
+struct SseStream {
+    api: Api,
+    rid: String,
+    created: u64,
+    max_tokens: u64,
+    include_usage: bool,
+    usage: Value,
+    /// Real time between paced tokens (the expected decode step).
+    step: Duration,
+}
+
+impl SseStream {
+    fn meta<'a>(&'a self, model: &'a str) -> Meta<'a> {
+        Meta {
+            api: self.api,
+            id: &self.rid,
+            created: self.created,
+            model,
+        }
+    }
+
+    fn token(&self, model: &str, i: u64) -> Vec<u8> {
+        openai::sse(&openai::chunk(
+            &self.meta(model),
+            &openai::token_text(i),
+            false,
+            None,
+            self.include_usage,
+        ))
+    }
+
+    /// The first chunk(s): the chat role chunk, then token 0.
+    fn first(&self, model: &str) -> Vec<u8> {
         let mut first = Vec::new();
-        if g.api == Api::Chat {
+        if self.api == Api::Chat {
             first.extend(openai::sse(&openai::chunk(
-                meta,
+                &self.meta(model),
                 "",
                 true,
                 None,
-                g.include_usage,
+                self.include_usage,
             )));
         }
-        first.extend(openai::sse(&openai::chunk(
-            meta,
-            &openai::token_text(0),
-            false,
-            None,
-            g.include_usage,
-        )));
-        s.send(&first)?;
+        first.extend(self.token(model, 0));
+        first
+    }
+
+    /// Pace tokens at the expected decode step; never emit the last one
+    /// before the replica says Done; then the rest, the finish chunk, the
+    /// usage chunk if asked and `[DONE]`. `Err` when the client is gone or
+    /// the scheduler dropped the request.
+    async fn pace(
+        &self,
+        shared: &Shared,
+        mut rx: UnboundedReceiver<Event>,
+        mut out: Sender<Bytes, Infallible>,
+    ) -> Result<(), ()> {
+        let model = shared.cfg.model.as_str();
+        let n = self.max_tokens;
         let mut emitted = 1u64;
-        // Pace tokens at the expected decode step; never emit the last one
-        // before the replica says Done.
         loop {
-            let ev = if emitted + 1 < n && !step.is_zero() {
-                rx.recv_timeout(step)
+            let ev = if emitted + 1 < n && !self.step.is_zero() {
+                match tokio::time::timeout(self.step, rx.recv()).await {
+                    Ok(ev) => ev,
+                    Err(_) => {
+                        out.send_data(Bytes::from(self.token(model, emitted)))
+                            .await
+                            .map_err(|_| ())?;
+                        emitted += 1;
+                        continue;
+                    }
+                }
             } else {
-                rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                rx.recv().await
             };
             match ev {
-                Ok(Event::Done { .. }) => break,
-                Ok(Event::FirstToken { .. }) => {}
-                Err(RecvTimeoutError::Timeout) => {
-                    s.send(&openai::sse(&openai::chunk(
-                        meta,
-                        &openai::token_text(emitted),
-                        false,
-                        None,
-                        g.include_usage,
-                    )))?;
-                    emitted += 1;
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(io::Error::other("request dropped by the scheduler"));
-                }
+                Some(Event::Done { .. }) => break,
+                Some(Event::FirstToken { .. }) => {}
+                None => return Err(()),
             }
         }
         let mut rest = Vec::new();
         for i in emitted..n {
-            rest.extend(openai::sse(&openai::chunk(
-                meta,
-                &openai::token_text(i),
-                false,
-                None,
-                g.include_usage,
-            )));
+            rest.extend(self.token(model, i));
         }
+        let meta = self.meta(model);
         rest.extend(openai::sse(&openai::chunk(
-            meta,
+            &meta,
             "",
             false,
             Some("length"),
-            g.include_usage,
+            self.include_usage,
         )));
-        if g.include_usage {
-            rest.extend(openai::sse(&openai::usage_chunk(meta, usage)));
+        if self.include_usage {
+            rest.extend(openai::sse(&openai::usage_chunk(&meta, self.usage.clone())));
         }
         rest.extend_from_slice(openai::SSE_DONE);
-        s.send(&rest)?;
-        s.finish()?;
-        Ok(keep && req.minor >= 1)
-    }
-
-    fn serve_connection(&self, stream: TcpStream) {
-        let _ = stream.set_nodelay(true);
-        let Ok(read_half) = stream.try_clone() else {
-            return;
-        };
-        let mut reader = BufReader::new(read_half);
-        let mut w = stream;
-        loop {
-            let req = match http::read_request(&mut reader, &mut w) {
-                Ok(r) => r,
-                Err(ReadError::Closed | ReadError::Io(_)) => return,
-                Err(ReadError::Bad(msg)) => {
-                    let _ = self.respond_error(&mut w, None, &ApiError::bad_request(msg), false);
-                    return;
-                }
-                Err(ReadError::TooLarge(what)) => {
-                    let _ = self.respond_error(
-                        &mut w,
-                        None,
-                        &ApiError::new(413, "PayloadTooLarge", what),
-                        false,
-                    );
-                    return;
-                }
-            };
-            match self.route(&req, &mut w) {
-                Ok(true) => continue,
-                _ => return,
-            }
-        }
+        out.send_data(Bytes::from(rest)).await.map_err(|_| ())
+        // Dropping `out` ends the body (the last chunk, `0\r\n\r\n`).
     }
 }
 
-fn wait_done(rx: &Receiver<Event>) -> bool {
+async fn wait_done(rx: &mut UnboundedReceiver<Event>) -> bool {
     loop {
-        match rx.recv() {
-            Ok(Event::Done { .. }) => return true,
-            Ok(Event::FirstToken { .. }) => {}
-            Err(_) => return false,
+        match rx.recv().await {
+            Some(Event::Done { .. }) => return true,
+            Some(Event::FirstToken { .. }) => {}
+            None => return false,
         }
     }
 }
 
 /// A bound, not yet running server.
 pub struct Server {
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     shared: Arc<Shared>,
 }
 
@@ -860,7 +886,10 @@ impl Server {
                 "time_scale must be > 0",
             ));
         }
-        let listener = TcpListener::bind(&cfg.listen)?;
+        // std's bind sets SO_REUSEADDR: a restarted replica gets its port
+        // back at once.
+        let listener = std::net::TcpListener::bind(&cfg.listen)?;
+        listener.set_nonblocking(true)?;
         let replica = Replica::new(cfg.cost.clone());
         let shared = Arc::new(Shared {
             start: Instant::now(),
@@ -885,22 +914,19 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Serve forever on the current thread.
+    /// Serve forever: the scheduler on a thread of its own, every
+    /// connection on the current thread (a tokio current-thread runtime: a
+    /// request costs microseconds of CPU, and one thread spares the wake-ups
+    /// between workers a multi-thread runtime pays per request).
     pub fn run(self) -> io::Result<()> {
         let sched = Arc::clone(&self.shared);
         thread::Builder::new()
             .name("scheduler".into())
             .spawn(move || sched.scheduler())?;
-        for conn in self.listener.incoming() {
-            match conn {
-                Ok(stream) => self.accept(stream),
-                Err(e) => {
-                    eprintln!("accept failed: {e}");
-                    thread::sleep(Duration::from_millis(10));
-                }
-            }
-        }
-        Ok(())
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(self.accept_loop())
     }
 
     /// Serve on background threads.
@@ -916,25 +942,39 @@ impl Server {
         Ok(ServerHandle { addr })
     }
 
-    fn accept(&self, mut stream: TcpStream) {
-        let shared = Arc::clone(&self.shared);
-        if shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            let e = ApiError::new(503, "ServiceUnavailable", "too many connections");
-            let _ = shared.respond_error(&mut stream, None, &e, false);
-            return;
-        }
-        let worker = Arc::clone(&shared);
-        let spawned = thread::Builder::new()
-            .name("conn".into())
-            .stack_size(512 * 1024)
-            .spawn(move || {
-                worker.serve_connection(stream);
-                worker.connections.fetch_sub(1, Ordering::SeqCst);
+    async fn accept_loop(self) -> io::Result<()> {
+        let listener = tokio::net::TcpListener::from_std(self.listener)?;
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .max_header_size(http::MAX_HEADER_BYTES)
+            .max_headers(http::MAX_HEADER_COUNT)
+            // Idle keep-alive connections stay open as long as the client
+            // wants (Envoy's pool closes them): no header read timeout.
+            .header_read_timeout(None);
+        loop {
+            let (stream, _) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let shared = Arc::clone(&self.shared);
+            let over_limit = shared.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS;
+            let mut builder = http1.clone();
+            // Over the limit: one 503 and close.
+            builder.keep_alive(!over_limit);
+            tokio::spawn(async move {
+                let svc_shared = Arc::clone(&shared);
+                let svc = service_fn(move |req| {
+                    let s = Arc::clone(&svc_shared);
+                    async move { Ok::<_, Infallible>(s.handle(req, over_limit).await) }
+                });
+                let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
+                shared.connections.fetch_sub(1, Ordering::SeqCst);
             });
-        if let Err(e) = spawned {
-            shared.connections.fetch_sub(1, Ordering::SeqCst);
-            eprintln!("cannot spawn connection thread: {e}");
         }
     }
 }

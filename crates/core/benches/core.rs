@@ -16,7 +16,7 @@ use prefix_router_core::extract::{self, Api, PromptSink};
 use prefix_router_core::hash;
 use prefix_router_core::key::KeySink;
 use prefix_router_core::load::HostLoad;
-use prefix_router_core::{Config, Router};
+use prefix_router_core::{Config, Request, Router};
 use std::hint::black_box;
 
 use bodies::text;
@@ -41,9 +41,9 @@ fn chat_body(total: usize) -> Vec<u8> {
 }
 
 /// The router's key path: read `model`/`cache_salt`, seed, extract into a
-/// key sink (with the strided chain when `stride` is set, as the filter's
-/// `key_with_chain`). `new`: this crate; else the former serde extractor
-/// and pre-pass.
+/// key sink (with the strided chain when `stride` is set, as
+/// `Router::decide` does for the index rule). `new`: this crate; else the
+/// former serde extractor and pre-pass.
 fn key_path(body: &[u8], new: bool, stride: Option<u32>) -> Option<u64> {
     let seed = if new {
         let m = extract::peek_meta(body).ok()?;
@@ -144,11 +144,19 @@ fn bench_extract(c: &mut Criterion) {
 }
 
 fn router(n: usize) -> Router {
-    let addrs: Vec<String> = (0..n)
-        .map(|i| format!("10.0.{}.{}:8000", i / 250, i % 250))
+    router_mode(n, "spill")
+}
+
+/// `n` hosts with `cost.mode = mode`.
+fn router_mode(n: usize, mode: &str) -> Router {
+    let hosts: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"address":"10.0.{}.{}:8000"}}"#, i / 250, i % 250))
         .collect();
-    let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
-    match Config::with_hosts(&refs) {
+    let json = format!(
+        r#"{{"hosts":[{}],"cost":{{"mode":"{mode}"}}}}"#,
+        hosts.join(",")
+    );
+    match Config::from_json(json.as_bytes()) {
         Ok(c) => Router::new(c),
         Err(e) => panic!("{e}"),
     }
@@ -169,33 +177,46 @@ fn bench_key(c: &mut Criterion) {
     g.finish();
 }
 
+/// Placement of a given key ([`Request::with_key`]: the body is not read)
+/// by plain bounded loads (`cost.mode = "off"`) and by the priced spill
+/// (`"spill"`, the default).
 fn bench_place(c: &mut Criterion) {
     let mut g = c.benchmark_group("place");
-    for n in [4usize, 16, 64, 256] {
-        let r = router(n);
-        let idle = vec![HostLoad::default(); n];
-        // A loaded fleet: every host but the last few at its bound, so the
-        // walk is long (worst case).
-        let busy: Vec<HostLoad> = (0..n)
-            .map(|i| HostLoad {
-                inflight: if i + 2 < n { 100 } else { 0 },
-                report: None,
-                ejected: false,
-                pending_prefill_tokens: 0,
-                peer_pending_tokens: 0,
-                recent: 0.0,
-            })
-            .collect();
-        let key = match r.key(Api::ChatCompletions, &chat_body(1000), None) {
-            Ok(k) => k,
-            Err(e) => panic!("{e:?}"),
-        };
-        g.bench_with_input(BenchmarkId::new("idle", n), &idle, |b, l| {
-            b.iter(|| r.place(black_box(key), l, 0))
-        });
-        g.bench_with_input(BenchmarkId::new("saturated", n), &busy, |b, l| {
-            b.iter(|| r.place(black_box(key), l, 0))
-        });
+    let body = chat_body(1000);
+    for mode in ["off", "spill"] {
+        for n in [4usize, 16, 64, 256] {
+            let r = router_mode(n, mode);
+            let idle = vec![HostLoad::default(); n];
+            // A loaded fleet: every host but the last few at its bound, so the
+            // walk is long (worst case).
+            let busy: Vec<HostLoad> = (0..n)
+                .map(|i| HostLoad {
+                    inflight: if i + 2 < n { 100 } else { 0 },
+                    report: None,
+                    ejected: false,
+                    pending_prefill_tokens: 0,
+                    peer_pending_tokens: 0,
+                    recent: 0.0,
+                })
+                .collect();
+            let key = match r.key(Api::ChatCompletions, &body, None) {
+                Ok(k) => k,
+                Err(e) => panic!("{e:?}"),
+            };
+            let place = |l: &[HostLoad]| {
+                r.decide(&Request::new(Api::ChatCompletions, &body, l, 0).with_key(black_box(key)))
+            };
+            g.bench_with_input(
+                BenchmarkId::new(format!("{mode}_idle"), n),
+                &idle,
+                |b, l| b.iter(|| place(l)),
+            );
+            g.bench_with_input(
+                BenchmarkId::new(format!("{mode}_saturated"), n),
+                &busy,
+                |b, l| b.iter(|| place(l)),
+            );
+        }
     }
     g.finish();
 }

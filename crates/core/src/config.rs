@@ -9,54 +9,10 @@
 //!    (``field `vnodes` = -5: must be an integer 0..=4294967295``: the field's
 //!    path comes from `serde_path_to_error`).
 //!
-//! | field | default | meaning |
-//! |---|---|---|
-//! | `hosts` | required | replicas: `address` (`ip:port` as Envoy knows the endpoint; port 1..=65535; each endpoint once, however written: `127.0.0.1:80` and `[::ffff:127.0.0.1]:80` are one), `name` (stable ring identity, default = address; names must differ in their letters or digits, which name the per-host metrics), `weight` (default 1) |
-//! | `capacity_factor` | 1.25 | bounded-load factor c: no host above `ceil(c * (total + 1) * w / W)` |
-//! | `min_capacity` | 8 | capacity floor per unit weight: a host is never full below this many requests |
-//! | `vnodes` | 100 | ring points per unit of weight |
-//! | `chunk_bytes` | 64 | chunk size of the chained prefix hash (a 16-token KV block at ~4 bytes/token) |
-//! | `max_body_bytes` | 1048576 | larger bodies are not buffered: fallback `body_too_large`. At most 8 MiB ([`MAX_BODY_BYTES`]: a worker VM's memory never shrinks). Envoy's request buffer limit must hold this plus one socket read (the listener's `per_connection_buffer_limit_bytes`), or uploads just over it get 413: the filter cannot read Envoy's limits, `./build.sh validate` checks the committed configs |
-//! | `paths` | the four APIs | handled request paths; the API is recognized by the path's ending |
-//! | `destination_header` | `x-gateway-destination-endpoint` | header read by Envoy's override_host LB policy; not a pseudo, hop-by-hop (`connection`, `te`, `upgrade`, `keep-alive`, `proxy-*`), framing (`content-length`, `transfer-encoding`), `host`, `content-type`/`-encoding`, `x-envoy-*` or ORCA header, nor `key.session_header` |
-//! | `decision_header` | none | response header exposing the decision (debugging); the same names refused as for `destination_header` |
-//! | `key.mode` | `conversation` | `conversation`: key = prefix through the first user message; `prefix`: key = first `prefix_bytes` bytes |
-//! | `key.prefix_bytes` | 4096 | key length in `prefix` mode, and for `/v1/completions` in either mode |
-//! | `key.session_header` | none | request header whose value, when present, is the key |
-//! | `key.use_user_field` | false | use the body's `user` field, when present, as the key |
-//! | `key.use_cache_salt` | true | mix vLLM's `cache_salt` into the model seed |
-//! | `load.orca_format` | `TEXT` | value of `endpoint-load-metrics-format` added to requests; null: do not ask |
-//! | `load.orca_metrics` | `["num_requests_waiting"]` | ORCA named metrics summed into the reported queue depth |
-//! | `load.orca_running_metrics` | `["num_requests_running"]` | ORCA named metrics summed into the reported running count; the bound counts a host's load as this Envoy's in-flight requests plus the fresh report's waiting + running beyond this Envoy's own at the time of the report (`HostLoad::effective`: the fleet's load when several proxies share the replicas); `[]` = none |
-//! | `load.queue_header` | `x-queue-depth` | plain response header with the queue depth; null: none |
-//! | `load.report_ttl_ms` | 10000 | reports older than this stop counting |
-//! | `load.report_fade_ms` | 2000 | a report's waiting count weighs `1 - age / report_fade_ms` (rounded up to whole requests; the running count holds until `report_ttl_ms`), so a busy queue fades as its requests are admitted instead of pricing a replica out, and marking it hot, for the whole TTL while it sends no fresh report; 0 = full weight until `report_ttl_ms` ([`crate::load::Freshness`]) |
-//! | `health.failure_threshold` | 5 | consecutive failed tries (connect failure, reset, 5xx, a stream cut short, a try Envoy retried on another host: [`crate::health::verdicts`]) that eject a host; 0 = off |
-//! | `health.unreachable_threshold` | 2 | consecutive tries whose connection failed or was lost (refused, closed mid-response, or retried elsewhere by a retry policy that, like `envoy/envoy.yaml`'s, retries only tries the host got nothing of) that eject it sooner: a killed replica is down, not busy; 0 = off (they count as ordinary failures) |
-//! | `health.cooldown_ms` | 10000 | how long an ejected host stays out |
-//! | `cost.mode` | `spill` | the routing rule. `spill`: the priced spill ([`crate::spill`]): the group owner, then the key's ring walk; the first candidate keeps a request unless the wait saved (replica-reported queues x `service_s`) pays re-prefilling the prompt there and the delay that adds to the requests queued there; no per-proxy state, so every proxy decides alike. `index`: the index rule ([`crate::cost`]): estimated TTFT over the owner and its successors under the bound, with this proxy's learned prefix index (and `gossip`). `off`: plain bounded loads |
-//! | `cost.candidates` | 6 | hosts considered: the first this many eligible hosts under capacity on the key's walk, `1..=64` |
-//! | `cost.prefill_tokens_per_s` | 16000 | a replica's prefill throughput |
-//! | `cost.bytes_per_token` | 4 | prompt bytes per token |
-//! | `cost.service_s` | 0.5 | seconds a request in a replica's reported queue waits before its prefill starts (`spill`: the wait saved by leaving the owner is the queue difference x this; set it to what your replicas do: about the prefill of a queued request; `index` with `queue = requests`: wait per request of effective load) |
-//! | `cost.queue` | `tokens` | the queue term. `tokens`: (pending prompt tokens + others' waiting requests x `service_s` x `prefill_tokens_per_s`) / `prefill_tokens_per_s`, where pending prompt tokens are the uncached ones (prompt minus the prefix the index credited the chosen host with) of the requests this router sent to the host that have not yet produced a first token (the caller fills `HostLoad::pending_prefill_tokens`; the Envoy filter keeps them per host in shared data, added at routing and released at the response headers or stream end) and others' waiting requests are the host's fresh reported queue beyond this router's own in-flight requests there (work other proxies or clients sent). `requests`: effective load x `service_s`. Either way the bound still counts requests |
-//! | `cost.stay_margin_s` | 0.1 | a request stays on the candidate the index credits with the longest cached prefix unless another candidate's estimate is lower by more than this many seconds (moving copies the prefix into a second cache for a smaller gain); 0 = pure argmin |
-//! | `cost.ties` | `"ring"` | how equal estimates are broken: `"ring"`, the earlier host on the key's walk (the owner first), so every proxy breaks them alike; `"load"`, the lower effective load, then ring order (equal loads still go by the ring). `"load"` spreads new conversations over idle replicas: for one Envoy, or several that gossip and scrape (docs/operations.md "Which mode to run") |
-//! | `cost.inflight_s` | 0.1 | `cost.queue = tokens`: seconds each request this proxy has in flight at a host adds to a newcomer's estimated wait there (decode steps sharing the replica with its prefill), so new conversations that tie on prefill spread by load; 0 = off (the default before the mean rule; with `half_floor` it moved turns off their cache in the Envoy demo, BENCHMARKS "The new default") |
-//! | `cost.hot_window_s` | 20 | a host whose recent load (requests, an exponential moving average with this time constant in seconds, [`crate::load::LoadTrend`]) is above `cost.hot_factor` x the fleet's mean per unit weight is "hot" and is held to a tighter bound until it cools down (`cost.hot_rule`). The floor lets a host with cached prefixes hold more than its share while load is light; this takes most of that back from a host that kept it. 0 = off |
-//! | `cost.hot_factor` | 1.12 | see `cost.hot_window_s`; `>= 1` |
-//! | `cost.hot_rule` | `"mean"` | what a hot host is held to. `"mean"`: the fleet's mean `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at least half of the pure bound `c (L + 1) w / W` or the floor less the fleet's mean `min_capacity - (L + 1) / W` (at least half the floor), whichever is higher, counted in this Envoy's own requests there and applied as `cost.hot_keep` says ([`crate::cost::HotRule`]). `"half_floor"` (the default before, with `hot_window_s` 10, `hot_factor` 1.1 and `inflight_s` 0): `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x w))` for new prompts, and the full floor for prompts the index credits it with at least half of (a conversation's next turn); docs/operations.md "Which mode to run" |
-//! | `cost.hot_keep` | `"within"` | how the mean rule's keep bound (above) is applied: `"within"`, a hot host takes a turn only if this Envoy's requests there, with it, stay within the bound unrounded (`own + 1 <= max(c (L + 1) w / W, keep floor x w)`); `"ceil"` (the default before), while they are under the bound rounded up, as the capacity is, which lets a hot host sit a request above its share ([`crate::cost::HotKeep`]) |
-//! | `cost.learn_prefill` | false | Envoy filter: learn the prefill rate online from streamed responses (uncached prompt tokens / time to first byte, for requests routed with no known work ahead of them and at least 512 uncached tokens; a moving average of the logarithm with weight 0.2, kept within 8x of `prefill_tokens_per_s`, shared by the workers; gauge `prefix_router.cost.prefill_tps`) and use it instead of `prefill_tokens_per_s` |
-//! | `cost.stride_chunks` | 16 | the prefix index records one hash every this many chunks (16 x 64 bytes = 1 KiB) |
-//! | `cost.dense_boundaries` | 16 | boundaries kept at every stride; deeper, the spacing doubles each time the depth doubles (40 boundaries for a 128 KiB prompt instead of 128), so index work grows with the log of the prompt length; a cached prefix is credited down to a kept boundary (at most 2/D under); `0` keeps every boundary; even |
-//! | `cost.max_entries` | 65536 | most (prefix, host) entries in the index (simulator's in-memory index; the filter's is bounded by `index_buckets x bucket_entries`) |
-//! | `cost.host_tokens` | 400000 | a replica's KV cache in tokens: the index forgets a host's prefixes once about this many newer uncached tokens went through it (simulator: a per-host entry budget; filter: a capacity clock per host, see `shared_index`); 0 = no per-host bound |
-//! | `cost.max_age_ms` | 0 | index entries older than this are ignored; 0 = never |
-//! | `cost.index_buckets` | 4096 | Envoy filter: buckets of the shared-data prefix index (`prefix_router/idx/<bucket>`), `1..=65536` |
-//! | `cost.bucket_entries` | 8 | Envoy filter: (prefix hash, host, stamp) entries per bucket, oldest evicted, `1..=64`; shared memory <= `index_buckets x bucket_entries x 18` bytes (590 KB by default) |
-//! | `gossip` | none | index gossip between Envoys (needs `cost.mode: index`; [`crate::gossip`]): every `interval_ms` (100) each VM sends what its responses taught it (host, uncached tokens, the prompt's chain hashes) in one POST to each of `peers` (peer Envoy listener addresses, `host:port`, at most 64, each once; not `name`) through `cluster` (an Envoy cluster of the peers with the `override_host` policy on `destination_header`, as for the replicas), at `path` (`/.prefix-router/gossip`; a path alone, not one of `paths`), with `timeout_ms` (1000); with `accept` (true) the filter answers POSTs to `path` itself (204) and records their observations in its own index, and never forwards them; batches hold at most `max_batch_bytes` (262144; older observations are dropped first). Peers must use the same `chunk_bytes`, `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each batch; mismatches are rejected). With `name` (none: off; this Envoy's own address as its peers list it in their `peers`) every batch also carries this Envoy's pending prefill tokens per replica, sent when they change or every five intervals even with no observation, and each peer adds to its own pending tokens, per replica, the larger of the report's others and what its listed peers sent within the last `max(10 x interval_ms, 1000)` ms (load gossip: [`crate::gossip::Loads`]). Expose `path` only where peers reach it: anyone who can POST there can steer the index (never past the bound) |
-//! | `scrape` | none | active scrape of each replica's Prometheus `/metrics`: `cluster` (required; the filter cannot list Envoy's clusters at configure time, so a cluster Envoy does not have shows at the first scrape: Envoy refuses the call, the filter logs an error naming `scrape.cluster` and counts `prefix_router.scrape.unknown_cluster`), `interval_ms` 1000, `timeout_ms` 500, `path` `/metrics`, `preset` `vllm`/`sglang`, `queue_metrics`, `running_metrics` (vLLM `vllm:num_requests_running`, SGLang `sglang:num_running_reqs`; `[]` = none), `restart_metrics` (a counter that goes down only when the replica restarts: vLLM `vllm:prefix_cache_queries_total`, SGLang `sglang:prompt_tokens_total`; a decrease drops the host's prefix-index entries; `[]` = off), `hit_metrics` (a prefix-cache hit counter in tokens: vLLM `vllm:prefix_cache_hits_total`, SGLang `sglang:cached_tokens_total`; with `cost.mode: index`, hits below 10 % of what the index credited the host with, over scrape intervals adding up to at least 4,096 credited tokens, mean its cache was flushed, and its entries are dropped; `[]` = off) |
+//! Every field, its type, default, allowed values and meaning are the doc
+//! comments of the `Raw*` structs below: `docs/config.md` is generated from
+//! them (`PREFIX_ROUTER_BLESS=1 cargo test -p prefix-router-core --test
+//! config_reference`; the test fails when it is stale).
 
 use serde::Deserialize;
 use std::fmt;
@@ -118,32 +74,55 @@ fn metric_names(
     Ok(names)
 }
 
-/// One replica, as written in the filter JSON.
+/// The replicas, one object each: the model servers requests are routed
+/// to.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHost {
-    /// `ip:port` exactly as Envoy knows the endpoint.
+    /// The replica's `ip:port` exactly as Envoy knows the endpoint (the
+    /// filter names it in the destination header). Each endpoint once,
+    /// however written: `127.0.0.1:80` and `[::ffff:127.0.0.1]:80` are one.
+    /// Allowed: `ip:port`, port 1..=65535, not an unspecified address (`0.0.0.0`, `::`).
     pub address: String,
-    /// Stable ring identity (default: the address).
+    /// Stable ring identity: keep it when the address changes and the
+    /// replica keeps its keys. Null: the address. Names must differ in
+    /// their letters or digits, which name the per-host metrics.
+    /// Allowed: a non-empty string.
     #[serde(default)]
     pub name: Option<String>,
-    /// Relative capacity (default 1).
+    /// Relative capacity: the host's share of ring points and of the bound.
+    /// Null: 1.
+    /// Allowed: > 0 and <= 1000.
     #[serde(default)]
     pub weight: Option<f64>,
 }
 
-/// How the routing key is chosen.
+/// How the routing key is chosen: which part of a request decides its
+/// place on the ring.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawKey {
+    /// `conversation`: the key is the prompt through the first user
+    /// message (a conversation's turns share it); `prefix`: the first
+    /// `key.prefix_bytes` bytes of the prompt.
+    /// Allowed: `"conversation"`, `"prefix"`.
     #[serde(default = "d_mode")]
     pub mode: String,
+    /// Key length in `prefix` mode, and for `/v1/completions` in either
+    /// mode; also caps the group key ([`crate::spill`]).
+    /// Allowed: 1..=8388608.
     #[serde(default = "d_prefix_bytes")]
     pub prefix_bytes: u64,
+    /// A request header whose value, when present and non-empty, is the key
+    /// (sticky sessions). Null: none.
+    /// Allowed: an HTTP header name other than `destination_header`.
     #[serde(default)]
     pub session_header: Option<String>,
+    /// Use the body's `user` field, when present, as the key.
     #[serde(default)]
     pub use_user_field: bool,
+    /// Mix vLLM's `cache_salt` field into the key's seed (requests with
+    /// different salts never share a replica's cache).
     #[serde(default = "d_true")]
     pub use_cache_salt: bool,
 }
@@ -160,20 +139,45 @@ impl Default for RawKey {
     }
 }
 
-/// Where load reports come from.
+/// Where replicas' load reports come from, and how long they count
+/// ([`crate::load`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLoad {
+    /// Value of the `endpoint-load-metrics-format` header added to routed
+    /// requests, asking the replica (vLLM) for an ORCA load report in its
+    /// response. Null: do not ask.
+    /// Allowed: `"TEXT"`, `"JSON"` (any case), null.
     #[serde(default = "d_orca_format")]
     pub orca_format: Option<String>,
+    /// ORCA named metrics summed into the reported queue depth (waiting
+    /// requests).
+    /// Allowed: metric names (no `,`, `=` or space); at least one unless `load.orca_format` is null.
     #[serde(default = "d_orca_metrics")]
     pub orca_metrics: Vec<String>,
+    /// ORCA named metrics summed into the reported running count. The bound
+    /// counts a host's load as this Envoy's in-flight requests plus the
+    /// fresh report's waiting + running requests beyond this Envoy's own at
+    /// the time of the report (the fleet's load when several proxies share
+    /// the replicas). `[]`: none.
+    /// Allowed: metric names (no `,`, `=` or space).
     #[serde(default = "d_orca_running_metrics")]
     pub orca_running_metrics: Vec<String>,
+    /// A plain response header carrying the queue depth. Null: none.
+    /// Allowed: an HTTP header name.
     #[serde(default = "d_queue_header")]
     pub queue_header: Option<String>,
+    /// Reports older than this stop counting, ms.
+    /// Allowed: 1..=3600000.
     #[serde(default = "d_ttl")]
     pub report_ttl_ms: u64,
+    /// A report's waiting count weighs `1 - age / report_fade_ms` (rounded
+    /// up to whole requests; the running count holds until
+    /// `report_ttl_ms`), so a busy queue fades as its requests are admitted
+    /// instead of pricing a replica out, and marking it hot, for the whole
+    /// TTL while it sends no fresh report. 0: full weight until
+    /// `report_ttl_ms` ([`crate::load::Freshness`]).
+    /// Allowed: 0..=3600000.
     #[serde(default = "d_fade")]
     pub report_fade_ms: u64,
 }
@@ -191,14 +195,27 @@ impl Default for RawLoad {
     }
 }
 
-/// Passive health settings.
+/// Passive health: hosts whose requests keep failing are taken out of
+/// rotation for a while ([`crate::health`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawHealth {
+    /// Consecutive failed tries (connect failure, reset, 5xx, a stream cut
+    /// short, a try Envoy retried on another host:
+    /// [`crate::health::verdicts`]) that eject a host. 0: off.
+    /// Allowed: 0..=1000.
     #[serde(default = "d_failures")]
     pub failure_threshold: u32,
+    /// How long an ejected host stays out, ms.
+    /// Allowed: 1..=3600000.
     #[serde(default = "d_cooldown")]
     pub cooldown_ms: u64,
+    /// Consecutive tries whose connection failed or was lost (refused,
+    /// closed mid-response, or retried elsewhere by a retry policy that,
+    /// like `envoy/envoy.yaml`'s, retries only tries the host got nothing
+    /// of) that eject it sooner: a killed replica is down, not busy. 0: off
+    /// (they count as ordinary failures).
+    /// Allowed: 0..=1000.
     #[serde(default = "d_unreachable")]
     pub unreachable_threshold: u32,
 }
@@ -217,50 +234,162 @@ fn d_unreachable() -> u32 {
     2
 }
 
-/// Cost-rule settings (see [`crate::cost`] and [`crate::index`]).
+/// The routing rule and its parameters: the priced spill
+/// ([`crate::spill`]) or the index rule ([`crate::cost`], with its prefix
+/// index, [`crate::index`] / [`crate::shared_index`]).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
+    /// The routing rule. `spill`: the priced spill ([`crate::spill`]): the
+    /// group owner, then the key's ring walk; the first candidate keeps a
+    /// request unless the wait saved (replica-reported queues x
+    /// `service_s`) pays re-prefilling the prompt there and the delay that
+    /// adds to the requests queued there; no per-proxy state, so every
+    /// proxy decides alike. `index`: the index rule ([`crate::cost`]):
+    /// estimated TTFT over the owner and its successors under the bound,
+    /// with this proxy's learned prefix index (and `gossip`). `off`: plain
+    /// bounded loads.
+    /// Allowed: `"spill"`, `"index"`, `"off"`.
     #[serde(default = "d_cost_mode")]
     pub mode: String,
+    /// `index`: hosts considered, the first this many eligible hosts under
+    /// capacity on the key's walk.
+    /// Allowed: 1..=64.
     #[serde(default = "d_candidates")]
     pub candidates: u32,
+    /// A replica's prefill throughput, tokens per second.
+    /// Allowed: > 0 and <= 1000000000.
     #[serde(default = "d_prefill_tps")]
     pub prefill_tokens_per_s: f64,
+    /// Prompt bytes per token.
+    /// Allowed: > 0 and <= 64.
     #[serde(default = "d_bytes_per_token")]
     pub bytes_per_token: f64,
+    /// Seconds a request in a replica's reported queue waits before its
+    /// prefill starts. `spill`: the wait saved by leaving the owner is the
+    /// queue difference x this; set it to what your replicas do, about the
+    /// prefill of a queued request. `index` with `queue = "requests"`: the
+    /// wait per request of effective load.
+    /// Allowed: 0..=3600.
     #[serde(default = "d_service_s")]
     pub service_s: f64,
+    /// `index`: the prefix index records one hash every this many chunks
+    /// (16 x 64 bytes = 1 KiB).
+    /// Allowed: 1..=65536.
     #[serde(default = "d_stride")]
     pub stride_chunks: u32,
+    /// `index`: boundaries kept at every stride; deeper, the spacing
+    /// doubles each time the depth doubles (40 boundaries for a 128 KiB
+    /// prompt instead of 128), so index work grows with the log of the
+    /// prompt length; a cached prefix is credited down to a kept boundary
+    /// (at most 2/D under). 0 keeps every boundary.
+    /// Allowed: 0, or an even number up to 65536.
     #[serde(default = "d_dense")]
     pub dense_boundaries: u32,
+    /// `index`: most (prefix, host) entries in the simulator's in-memory
+    /// index (the filter's is bounded by `index_buckets x bucket_entries`).
+    /// Allowed: 1..=16777216.
     #[serde(default = "d_max_entries")]
     pub max_entries: u64,
+    /// `index`: a replica's KV cache in tokens: the index forgets a host's
+    /// prefixes once about this many newer uncached tokens went through it
+    /// (a capacity clock per host, [`crate::index::CapacityClock`]). 0: no
+    /// per-host bound.
+    /// Allowed: 0..=1099511627776 (2^40).
     #[serde(default = "d_host_tokens")]
     pub host_tokens: u64,
+    /// `index`: index entries older than this are ignored, ms. 0: never.
+    /// Allowed: 0..=86400000.
     #[serde(default)]
     pub max_age_ms: u64,
+    /// `index`: the queue term. `tokens`: (pending prompt tokens + others'
+    /// waiting requests x `service_s` x `prefill_tokens_per_s`) /
+    /// `prefill_tokens_per_s`, where pending prompt tokens are the uncached
+    /// ones (prompt minus the prefix the index credited the chosen host
+    /// with) of the requests this router sent to the host that have not
+    /// yet produced a first token, and others' waiting requests are the
+    /// host's fresh reported queue beyond this router's own in-flight
+    /// requests there (work other proxies or clients sent). `requests`:
+    /// effective load x `service_s`. Either way the bound still counts
+    /// requests.
+    /// Allowed: `"tokens"`, `"requests"`.
     #[serde(default = "d_cost_queue")]
     pub queue: String,
+    /// `index`: a request stays on the candidate the index credits with the
+    /// longest cached prefix unless another candidate's estimate is lower
+    /// by more than this many seconds (moving copies the prefix into a
+    /// second cache for a smaller gain). 0: pure argmin.
+    /// Allowed: 0..=3600.
     #[serde(default = "d_stay_margin_s")]
     pub stay_margin_s: f64,
+    /// `index`: how equal estimates are broken. `ring`: the earlier host on
+    /// the key's walk (the owner first), so every proxy breaks them alike;
+    /// `load`: the lower effective load, then ring order. `load` spreads
+    /// new conversations over idle replicas: for one Envoy, or several that
+    /// gossip and scrape.
+    /// Allowed: `"ring"`, `"load"`.
     #[serde(default = "d_cost_ties")]
     pub ties: String,
+    /// `index`, Envoy filter: learn the prefill rate online from streamed
+    /// responses (uncached prompt tokens / time to first byte, for requests
+    /// routed with no known work ahead of them and at least 512 uncached
+    /// tokens; a moving average of the logarithm with weight 0.2, kept
+    /// within 8x of `prefill_tokens_per_s`, shared by the workers; gauge
+    /// `prefix_router.cost.prefill_tps`) and use it instead of
+    /// `prefill_tokens_per_s`.
     #[serde(default)]
     pub learn_prefill: bool,
+    /// `index` with `queue = "tokens"`: seconds each request this proxy has
+    /// in flight at a host adds to a newcomer's estimated wait there
+    /// (decode steps sharing the replica with its prefill), so new
+    /// conversations that tie on prefill spread by load. 0: off.
+    /// Allowed: 0..=3600.
     #[serde(default = "d_inflight_s")]
     pub inflight_s: f64,
+    /// `index`: a host whose recent load (requests, an exponential moving
+    /// average with this time constant in seconds,
+    /// [`crate::load::LoadTrend`]) is above `hot_factor` x the fleet's
+    /// mean per unit weight is "hot" and is held to a tighter bound until
+    /// it cools down (`hot_rule`). The floor lets a host with cached
+    /// prefixes hold more than its share while load is light; this takes
+    /// most of that back from a host that kept it. 0: off.
+    /// Allowed: 0..=3600.
     #[serde(default = "d_hot_window_s")]
     pub hot_window_s: f64,
+    /// `index`: see `hot_window_s`.
+    /// Allowed: 1..=100.
     #[serde(default = "d_hot_factor")]
     pub hot_factor: f64,
+    /// `index`: what a hot host is held to. `mean`: the fleet's mean
+    /// `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at
+    /// least half of the pure bound `c (L + 1) w / W` or the floor less the
+    /// fleet's mean `min_capacity - (L + 1) / W` (at least half the floor),
+    /// whichever is higher, counted in this Envoy's own requests there and
+    /// applied as `hot_keep` says ([`crate::cost::HotRule`]).
+    /// `half_floor`: `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x
+    /// w))` for new prompts, and the full floor for prompts the index
+    /// credits it with at least half of (a conversation's next turn).
+    /// Allowed: `"mean"`, `"half_floor"`.
     #[serde(default = "d_hot_rule")]
     pub hot_rule: String,
+    /// `index`: how the mean rule's keep bound is applied. `within`: a hot
+    /// host takes a turn only if this Envoy's requests there, with it,
+    /// stay within the bound unrounded (`own + 1 <= max(c (L + 1) w / W,
+    /// keep floor x w)`); `ceil`: while they are under the bound rounded
+    /// up, as the capacity is, which lets a hot host sit a request above
+    /// its share ([`crate::cost::HotKeep`]).
+    /// Allowed: `"within"`, `"ceil"`.
     #[serde(default = "d_hot_keep")]
     pub hot_keep: String,
+    /// `index`, Envoy filter: buckets of the shared-data prefix index
+    /// (`prefix_router/idx/<bucket>`).
+    /// Allowed: 1..=65536.
     #[serde(default = "d_index_buckets")]
     pub index_buckets: u32,
+    /// `index`, Envoy filter: (prefix hash, host, stamp) entries per
+    /// bucket, oldest evicted; shared memory <= `index_buckets x
+    /// bucket_entries x 18` bytes (590 KB by default).
+    /// Allowed: 1..=64.
     #[serde(default = "d_bucket_entries")]
     pub bucket_entries: u32,
 }
@@ -589,59 +718,115 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
     })
 }
 
-/// Active scrape settings.
+/// Active scrape of each replica's Prometheus `/metrics` for its queue
+/// depth ([`crate::scrape`]). Null: off.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawScrape {
-    /// Envoy cluster holding the replicas (the scrape goes through it).
+    /// The Envoy cluster holding the replicas (the scrape goes through it).
+    /// The filter cannot list Envoy's clusters at configure time, so a
+    /// cluster Envoy does not have shows at the first scrape: Envoy refuses
+    /// the call, the filter logs an error naming `scrape.cluster` and
+    /// counts `prefix_router.scrape.unknown_cluster`.
+    /// Allowed: a non-empty string.
     pub cluster: String,
+    /// Scrape period, ms.
+    /// Allowed: 100..=600000.
     #[serde(default = "d_scrape_interval")]
     pub interval_ms: u64,
+    /// Scrape timeout, ms.
+    /// Allowed: 1..=`scrape.interval_ms`.
     #[serde(default = "d_scrape_timeout")]
     pub timeout_ms: u64,
+    /// The metrics path.
+    /// Allowed: a path starting with `/`.
     #[serde(default = "d_scrape_path")]
     pub path: String,
-    /// `vllm` or `sglang`: default metric names.
+    /// Default metric names. `vllm`: queue `vllm:num_requests_waiting`,
+    /// running `vllm:num_requests_running`, restart
+    /// `vllm:prefix_cache_queries_total` (or `vllm:prefix_cache_queries`),
+    /// hits `vllm:prefix_cache_hits_total` (or `vllm:prefix_cache_hits`). `sglang`: queue
+    /// `sglang:num_queue_reqs`, running `sglang:num_running_reqs`, restart
+    /// `sglang:prompt_tokens_total`, hits `sglang:cached_tokens_total`.
+    /// Null: `vllm`.
+    /// Allowed: `"vllm"`, `"sglang"`, null.
     #[serde(default)]
     pub preset: Option<String>,
-    /// Metric names summed into the queue depth (overrides the preset).
+    /// Metric names summed into the queue depth. Null: the preset's.
+    /// Allowed: at least one metric name, without labels.
     #[serde(default)]
     pub queue_metrics: Option<Vec<String>>,
-    /// Metric names summed into the running count (overrides the preset;
-    /// `[]`: none).
+    /// Metric names summed into the running count. Null: the preset's;
+    /// `[]`: none.
+    /// Allowed: metric names without labels.
     #[serde(default)]
     pub running_metrics: Option<Vec<String>>,
-    /// Counters whose decrease means the replica restarted (first present
-    /// name is used; overrides the preset; `[]` turns detection off).
+    /// Counters that go down only when the replica restarts (the first
+    /// present name is used): a decrease drops the host's prefix-index
+    /// entries. Null: the preset's; `[]`: off.
+    /// Allowed: metric names without labels.
     #[serde(default)]
     pub restart_metrics: Option<Vec<String>>,
-    /// Prefix-cache hit counters in tokens, for flush detection (first
-    /// present name is used; overrides the preset; `[]` turns it off).
+    /// Prefix-cache hit counters in tokens (the first present name is
+    /// used), for flush detection: with `cost.mode = "index"`, hits below
+    /// 10 % of what the index credited the host with, over scrape intervals
+    /// adding up to at least 4,096 credited tokens, mean its cache was
+    /// flushed, and its entries are dropped. Null: the preset's; `[]`: off.
+    /// Allowed: metric names without labels.
     #[serde(default)]
     pub hit_metrics: Option<Vec<String>>,
 }
 
-/// Index gossip settings ([`crate::gossip`]).
+/// Index gossip between Envoys ([`crate::gossip`]; needs
+/// `cost.mode = "index"`). Every `interval_ms` each VM sends what its
+/// responses taught it (host, uncached tokens, the prompt's chain hashes)
+/// in one POST to each peer. Peers must use the same `chunk_bytes`,
+/// `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each
+/// batch; mismatches are rejected). Expose `path` only where peers reach
+/// it: anyone who can POST there can steer the index (never past the
+/// bound). Null: off.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGossip {
-    /// Peer Envoy listener addresses (`host:port`).
+    /// Peer Envoy listener addresses. Not `gossip.name`.
+    /// Allowed: at most 64 `host:port` (port 1..=65535), each once.
     #[serde(default)]
     pub peers: Vec<String>,
-    /// Envoy cluster of the peers (override_host policy).
+    /// An Envoy cluster of the peers with the `override_host` policy on
+    /// `destination_header`, as for the replicas.
+    /// Allowed: a non-empty string when `peers` is not empty.
     #[serde(default)]
     pub cluster: String,
+    /// The path batches are POSTed to.
+    /// Allowed: a path alone (starts with `/`, no `?` or `#`), not one of `paths`.
     #[serde(default = "d_gossip_path")]
     pub path: String,
+    /// Sending period, ms.
+    /// Allowed: 10..=60000.
     #[serde(default = "d_gossip_interval")]
     pub interval_ms: u64,
+    /// Timeout of a POST to a peer, ms.
+    /// Allowed: 1..=60000.
     #[serde(default = "d_gossip_timeout")]
     pub timeout_ms: u64,
+    /// Answer POSTs to `path` here (204) and record their observations in
+    /// this Envoy's own index; they are never forwarded. With no `peers`,
+    /// it must be true.
     #[serde(default = "d_true")]
     pub accept: bool,
+    /// Most bytes in a batch; older observations are dropped first.
+    /// Allowed: 1024..=16777216.
     #[serde(default = "d_gossip_batch")]
     pub max_batch_bytes: u64,
-    /// This Envoy as its peers list it: turns on load gossip.
+    /// This Envoy's own address as its peers list it in their `peers`:
+    /// turns on load gossip. Every batch then also carries this Envoy's
+    /// pending prefill tokens per replica, sent when they change or every
+    /// five intervals even with no observation, and each peer adds to its
+    /// own pending tokens, per replica, the larger of the report's others
+    /// and what its listed peers sent within the last
+    /// `max(10 x interval_ms, 1000)` ms ([`crate::gossip::Loads`]). Null:
+    /// off.
+    /// Allowed: 1-255 bytes without control characters, not one of `peers`.
     #[serde(default)]
     pub name: Option<String>,
 }
@@ -815,37 +1000,76 @@ fn compile_gossip(
     })
 }
 
-/// The filter JSON.
+/// The filter's configuration: one JSON object, Envoy's wasm filter
+/// `configuration` value. Every field but `hosts` has a default; unknown
+/// fields are refused, and `on_configure` rejects a config that does not
+/// validate, with an error naming the field, the value and the reason.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
+    /// The replicas: the model servers requests are routed to.
+    /// Allowed: 1..=4096 hosts.
     pub hosts: Vec<RawHost>,
+    /// Bounded-load factor c: no host above `ceil(c x (total + 1) x w / W)`
+    /// requests (1: perfect balance).
+    /// Allowed: 1..=100.
     #[serde(default = "d_capacity")]
     pub capacity_factor: f64,
+    /// Capacity floor per unit weight: a host is never full below this many
+    /// requests (0: pure bounded loads).
+    /// Allowed: 0..=1000000.
     #[serde(default = "d_min_capacity")]
     pub min_capacity: f64,
+    /// Ring points per unit of weight.
+    /// Allowed: 1..=10000, at most 2000000 ring points in all.
     #[serde(default = "d_vnodes")]
     pub vnodes: u32,
+    /// Chunk size of the chained prefix hash, bytes (a 16-token KV block at
+    /// about 4 bytes per token).
+    /// Allowed: 16..=65536.
     #[serde(default = "d_chunk")]
     pub chunk_bytes: u32,
+    /// Larger bodies are not buffered: fallback `body_too_large`. At most
+    /// 8 MiB ([`MAX_BODY_BYTES`]: a worker VM's memory never shrinks).
+    /// Envoy's request buffer limit must hold this plus one socket read
+    /// (the listener's `per_connection_buffer_limit_bytes`), or uploads
+    /// just over it get 413: the filter cannot read Envoy's limits;
+    /// `./build.sh validate` checks the committed configs.
+    /// Allowed: 1..=8388608.
     #[serde(default = "d_max_body")]
     pub max_body_bytes: u64,
+    /// The request paths handled; the API is recognized by the path's
+    /// ending. Other paths pass through to Envoy's load balancing.
+    /// Allowed: at least one; each starts with `/` and ends with `/chat/completions`, `/completions`, `/responses` or `/messages`.
     #[serde(default = "d_paths")]
     pub paths: Vec<String>,
+    /// The request header Envoy's `override_host` load-balancing policy
+    /// reads the chosen endpoint from.
+    /// Allowed: an HTTP header name that is not a pseudo-header, hop-by-hop (`connection`, `te`, `upgrade`, `keep-alive`, `proxy-*`), framing (`content-length`, `transfer-encoding`), `host`, `content-type`/`-encoding`, `x-envoy-*` or an ORCA header.
     #[serde(default = "d_dest")]
     pub destination_header: String,
+    /// A response header exposing the decision, for debugging (e.g.
+    /// `outcome=spill;host=10.0.0.2:8000;source=prompt;skipped=1;...`).
+    /// Null: none.
+    /// Allowed: an HTTP header name, with the same exclusions as `destination_header`.
     #[serde(default)]
     pub decision_header: Option<String>,
+    /// How the routing key is chosen.
     #[serde(default)]
     pub key: RawKey,
+    /// Load reports.
     #[serde(default)]
     pub load: RawLoad,
+    /// Passive health.
     #[serde(default)]
     pub health: RawHealth,
+    /// Active scrape of the replicas' metrics. Null: off.
     #[serde(default)]
     pub scrape: Option<RawScrape>,
+    /// The routing rule.
     #[serde(default)]
     pub cost: RawCost,
+    /// Index gossip between Envoys. Null: off.
     #[serde(default)]
     pub gossip: Option<RawGossip>,
 }

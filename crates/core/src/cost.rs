@@ -294,6 +294,7 @@
 //! with its cache.
 
 use crate::index::PrefixLookup;
+use crate::load::{Freshness, HostLoad};
 use crate::ring::{Bound, Placement, Ring};
 
 /// A hot host at its hot bound still takes a prompt it is credited with
@@ -663,6 +664,24 @@ pub fn pending_with_peers(
     own_tokens
         .saturating_add(from_others.max(peer_tokens))
         .saturating_add(from_own)
+}
+
+/// The cost rule's reading of a host's load (kept here, beside the rule,
+/// so [`crate::load`] does not depend on the cost rule).
+impl HostLoad {
+    /// Prefill tokens ahead of a new request here for the cost rule's
+    /// token queue: this proxy's pending tokens plus the larger of the
+    /// peers' ([`HostLoad::peer_pending_tokens`]) and the fresh report's
+    /// other waiting requests ([`pending_with_peers`]).
+    pub fn pending_ahead(&self, now_ms: u64, f: Freshness, p: &CostParams) -> u64 {
+        pending_with_peers(
+            self.pending_prefill_tokens,
+            self.peer_pending_tokens,
+            self.inflight,
+            self.reported(now_ms, f),
+            p,
+        )
+    }
 }
 
 /// Choose a host for `key` by estimated TTFT.

@@ -56,7 +56,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 use crate::index::IndexConfig;
-use crate::load::{SharedStore, StoreError};
+use crate::store::{SharedStore, StoreError};
 
 /// Batch magic and version.
 pub const MAGIC: &[u8; 4] = b"PRG1";
@@ -605,7 +605,7 @@ mod tests {
 
     #[test]
     fn peer_pending_is_kept_per_sender_and_counts_while_fresh() {
-        let s = crate::load::MemStore::default();
+        let s = crate::store::MemStore::default();
         let hosts = ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"];
         let idx = |a: &str| hosts.iter().position(|h| *h == a);
         let mut a = loads("a:1");

@@ -21,7 +21,7 @@
 //! never ejected. The cool-down is fixed (no exponential back-off): a
 //! replica that comes back gets its keys back within one cool-down.
 
-use crate::load::{cas_update, SharedStore, StoreError};
+use crate::store::{cas_update, SharedStore, StoreError};
 
 /// Envoy's response flags (`response.flags`, its legacy bit set) that mean
 /// the upstream failed the request, whatever the code: UpstreamRequestTimeout
@@ -272,7 +272,7 @@ pub fn record<S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::MemStore;
+    use crate::store::MemStore;
 
     const CFG: HealthConfig = HealthConfig {
         failure_threshold: 3,

@@ -43,7 +43,7 @@
 //! ## A replica's cache capacity (`host_tokens`)
 //! A replica's KV cache is an LRU: a prefix is gone once about `host_tokens`
 //! newer tokens went through it. [`PrefixIndex::take_in`] runs the Envoy
-//! filter's per-host capacity clock ([`crate::shared_index::CapacityClock`],
+//! filter's per-host capacity clock ([`CapacityClock`],
 //! the same code): the caller adds the uncached prompt tokens of each
 //! response (the prompt minus what the index credited the host with), and
 //! when the clock has moved `host_tokens` past a checkpoint, the host's
@@ -68,8 +68,6 @@
 //! touched.
 
 use std::collections::BTreeMap;
-
-use crate::shared_index::CapacityClock;
 
 /// Whether boundary number `b` (1-based, in strides) is kept when the
 /// first `dense` boundaries are kept at every stride and the spacing then
@@ -171,6 +169,91 @@ impl IndexConfig {
     pub fn stride_tokens(&self) -> u64 {
         let t = self.stride_bytes() as f64 / self.bytes_per_token.max(f64::MIN_POSITIVE);
         (t.round() as u64).max(1)
+    }
+}
+
+/// Checkpoints kept per host by [`CapacityClock::advance`] (one every
+/// `budget / CAPACITY_STEPS` tokens).
+pub const CAPACITY_STEPS: u64 = 16;
+
+/// A host's capacity clock: tokens taken into its cache so far, the last
+/// horizon applied, and checkpoints `(clock, time_ms)`, oldest first. Kept
+/// per host by [`PrefixIndex::take_in`] and, in shared data, by
+/// [`crate::shared_index::advance_capacity`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CapacityClock {
+    pub clock: u64,
+    pub horizon_ms: u64,
+    pub checkpoints: Vec<(u64, u64)>,
+}
+
+impl CapacityClock {
+    /// Decode (little-endian u64s: clock, horizon, then pairs); malformed
+    /// or missing values decode as a fresh clock.
+    pub fn decode(v: Option<&[u8]>) -> CapacityClock {
+        let words: Vec<u64> = v
+            .unwrap_or(&[])
+            .chunks_exact(8)
+            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
+            .collect();
+        match words.as_slice() {
+            [clock, horizon_ms, rest @ ..] => CapacityClock {
+                clock: *clock,
+                horizon_ms: *horizon_ms,
+                checkpoints: rest
+                    .chunks_exact(2)
+                    .filter_map(|p| match p {
+                        [c, t] => Some((*c, *t)),
+                        _ => None,
+                    })
+                    .collect(),
+            },
+            _ => CapacityClock::default(),
+        }
+    }
+
+    /// Encode (see [`CapacityClock::decode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + 16 * self.checkpoints.len());
+        out.extend_from_slice(&self.clock.to_le_bytes());
+        out.extend_from_slice(&self.horizon_ms.to_le_bytes());
+        for (c, t) in &self.checkpoints {
+            out.extend_from_slice(&c.to_le_bytes());
+            out.extend_from_slice(&t.to_le_bytes());
+        }
+        out
+    }
+
+    /// Add `tokens` taken in at `now_ms` with a cache of `budget` tokens;
+    /// returns the new horizon if it moved: entries of this host stamped
+    /// before it have been pushed out of its cache.
+    pub fn advance(&mut self, tokens: u64, budget: u64, now_ms: u64) -> Option<u64> {
+        if budget == 0 {
+            return None;
+        }
+        self.clock = self.clock.saturating_add(tokens);
+        let step = (budget / CAPACITY_STEPS).max(1);
+        if self
+            .checkpoints
+            .last()
+            .is_none_or(|&(c, _)| self.clock.saturating_sub(c) >= step)
+        {
+            self.checkpoints.push((self.clock, now_ms));
+        }
+        // The newest checkpoint at least `budget` tokens behind the clock:
+        // the host was sent everything before its time at least `budget`
+        // tokens ago.
+        let target = self.clock.checked_sub(budget)?;
+        let i = self.checkpoints.iter().rposition(|&(c, _)| c <= target)?;
+        let t = self.checkpoints.get(i).map(|&(_, t)| t)?;
+        // Older checkpoints can never be the answer again.
+        self.checkpoints.drain(..i);
+        if t > self.horizon_ms {
+            self.horizon_ms = t;
+            Some(t)
+        } else {
+            None
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! The routing core of prefix-router, as plain Rust: no proxy-wasm, no clock,
 //! no randomness (time comes in as an argument, shared state through the
-//! [`load::SharedStore`] trait). The Envoy filter, the simulator and the
+//! [`store::SharedStore`] trait). The Envoy filter, the simulator and the
 //! benchmarks all run this same code.
 //!
 //! Pipeline: [`extract`] (request body → canonical prompt bytes) →
@@ -39,6 +39,9 @@ pub mod router;
 pub mod scrape;
 pub mod shared_index;
 pub mod spill;
+pub mod store;
 
 pub use config::{Config, ConfigError};
-pub use router::{Decision, FallbackCause, Key, KeySource, PromptChain, RequestHead, Router};
+pub use router::{
+    Decided, Decision, FallbackCause, Key, KeySource, PromptChain, Request, RequestHead, Router,
+};

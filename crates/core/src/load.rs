@@ -30,11 +30,14 @@
 //! ## Sharing across worker threads
 //! Envoy runs one wasm VM per worker thread. In-flight counts and reports live
 //! in proxy-wasm shared data (process-wide), reached through the small
-//! [`SharedStore`] trait so this module has no proxy-wasm dependency. Counts
-//! are updated with compare-and-swap retry loops: no lost updates.
+//! [`SharedStore`] trait ([`crate::store`]) so this module has no
+//! proxy-wasm dependency. Counts are updated with compare-and-swap retry
+//! loops: no lost updates.
 
 use serde::Deserialize;
 use std::collections::HashMap;
+
+use crate::store::{add_counter, decode_u64, SharedStore, StoreError};
 
 /// Replica-reported load, with the time it was received.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -150,20 +153,6 @@ impl HostLoad {
         (age <= f.ttl_ms && r.queue.is_finite()).then(|| r.queue.max(0.0) * f.weight(age))
     }
 
-    /// Prefill tokens ahead of a new request here for the cost rule's
-    /// token queue: this proxy's pending tokens plus the larger of the
-    /// peers' ([`HostLoad::peer_pending_tokens`]) and the fresh report's
-    /// other waiting requests ([`crate::cost::pending_with_peers`]).
-    pub fn pending_ahead(&self, now_ms: u64, f: Freshness, p: &crate::cost::CostParams) -> u64 {
-        crate::cost::pending_with_peers(
-            self.pending_prefill_tokens,
-            self.peer_pending_tokens,
-            self.inflight,
-            self.reported(now_ms, f),
-            p,
-        )
-    }
-
     /// Requests in the replica that are someone else's (other proxies,
     /// direct clients): the fresh report's waiting + running requests
     /// beyond this proxy's own in flight there when the report was taken
@@ -277,41 +266,11 @@ fn strip_prefix_ci<'a>(s: &'a str, p: &str) -> Option<&'a str> {
     }
 }
 
-/// Errors of a [`SharedStore`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
-    /// The value changed since it was read (compare-and-swap failed).
-    CasMismatch,
-    /// Anything else the host reported.
-    Other(String),
-}
-
-/// Process-wide key-value store with compare-and-swap (proxy-wasm shared
-/// data in the filter; a mutex map in tests and the simulator).
-pub trait SharedStore {
-    /// Value and its CAS token.
-    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
-    /// Set `value` if the CAS token still matches (`None`: unconditional).
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
-}
-
-/// Retries of a CAS loop before giving up (contention is between a handful
-/// of worker threads, so this is never reached in practice).
-pub const CAS_RETRIES: usize = 1024;
-
 fn inflight_key(address: &str) -> String {
     format!("prefix_router/inflight/{address}")
 }
 fn report_key(address: &str) -> String {
     format!("prefix_router/report/{address}")
-}
-
-/// A little-endian u64 value (0 if absent or not 8 bytes).
-pub fn decode_u64(v: Option<&[u8]>) -> u64 {
-    match v.and_then(|b| <[u8; 8]>::try_from(b).ok()) {
-        Some(a) => u64::from_le_bytes(a),
-        None => 0,
-    }
 }
 
 /// Add `delta` to a host's shared in-flight count (saturating at 0);
@@ -322,52 +281,6 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
     delta: i64,
 ) -> Result<u64, StoreError> {
     add_counter(store, &inflight_key(address), delta)
-}
-
-/// Read-modify-write the value under `key` with a bounded compare-and-swap
-/// loop (at most [`CAS_RETRIES`] attempts): `f` gets the current value
-/// (`None` if absent) and returns the value to write (`None`: write
-/// nothing) and the result. A concurrent writer makes `f` run again on the
-/// newer value, so no update is lost.
-pub fn cas_update<S, T, B, F>(store: &S, key: &str, mut f: F) -> Result<T, StoreError>
-where
-    S: SharedStore + ?Sized,
-    B: AsRef<[u8]>,
-    F: FnMut(Option<&[u8]>) -> (Option<B>, T),
-{
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(key)?;
-        let (write, out) = f(v.as_deref());
-        let Some(bytes) = write else {
-            return Ok(out);
-        };
-        match store.set(key, bytes.as_ref(), cas) {
-            Ok(()) => return Ok(out),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
-}
-
-/// Add `delta` to the u64 counter under `key` (saturating at 0) with a
-/// bounded compare-and-swap loop; returns the new value.
-pub fn add_counter<S: SharedStore + ?Sized>(
-    store: &S,
-    key: &str,
-    delta: i64,
-) -> Result<u64, StoreError> {
-    cas_update(store, key, |v| {
-        let cur = decode_u64(v);
-        let new = if delta >= 0 {
-            cur.saturating_add(delta.unsigned_abs())
-        } else {
-            cur.saturating_sub(delta.unsigned_abs())
-        };
-        (Some(new.to_le_bytes()), new)
-    })
 }
 
 /// A host's shared in-flight count (0 if absent).
@@ -499,44 +412,11 @@ impl LoadTrend {
     }
 }
 
-/// An in-memory [`SharedStore`] (tests, simulator).
-#[derive(Debug, Default)]
-pub struct MemStore {
-    inner: std::sync::Mutex<HashMap<String, (Vec<u8>, u32)>>,
-}
-
-impl SharedStore for MemStore {
-    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        let g = self
-            .inner
-            .lock()
-            .map_err(|_| StoreError::Other("poisoned".into()))?;
-        Ok(match g.get(key) {
-            Some((v, c)) => (Some(v.clone()), Some(*c)),
-            None => (None, None),
-        })
-    }
-    fn set(&self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
-        let mut g = self
-            .inner
-            .lock()
-            .map_err(|_| StoreError::Other("poisoned".into()))?;
-        let cur = g.get(key).map(|(_, c)| *c);
-        if let Some(c) = cas {
-            if cur != Some(c) {
-                return Err(StoreError::CasMismatch);
-            }
-        }
-        let next = cur.unwrap_or(0).wrapping_add(1).max(1);
-        g.insert(key.to_string(), (value.to_vec(), next));
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::store::MemStore;
     #[cfg(not(target_family = "wasm"))]
     use std::sync::Arc;
 
@@ -794,39 +674,5 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(read_load(&*s, "h").unwrap().inflight, 8000);
-    }
-
-    /// A store whose first CAS attempts fail, as when another worker wins.
-    struct Flaky {
-        inner: MemStore,
-        fail: std::sync::atomic::AtomicUsize,
-    }
-    impl SharedStore for Flaky {
-        fn get(&self, k: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-            self.inner.get(k)
-        }
-        fn set(&self, k: &str, v: &[u8], c: Option<u32>) -> Result<(), StoreError> {
-            use std::sync::atomic::Ordering;
-            if self.fail.load(Ordering::SeqCst) > 0 {
-                self.fail.fetch_sub(1, Ordering::SeqCst);
-                return Err(StoreError::CasMismatch);
-            }
-            self.inner.set(k, v, c)
-        }
-    }
-
-    #[test]
-    fn cas_retries_then_gives_up() {
-        let f = Flaky {
-            inner: MemStore::default(),
-            fail: 3.into(),
-        };
-        assert_eq!(add_inflight(&f, "x", 1), Ok(1));
-        f.fail
-            .store(CAS_RETRIES + 1, std::sync::atomic::Ordering::SeqCst);
-        assert!(matches!(
-            add_inflight(&f, "x", 1),
-            Err(StoreError::Other(_))
-        ));
     }
 }

@@ -1,23 +1,24 @@
 //! The decision: from a request to a host and a reason.
 //!
 //! [`Router::classify`] runs on request headers (method, path, content type,
-//! length) and says whether the body is worth buffering; [`Router::decide`]
-//! runs on the complete body with each host's current load and returns a
-//! [`Decision`] that metrics, logs and the debug header are driven from.
-//! Neither has a clock or randomness: `now_ms` comes in as an argument.
+//! length) and says whether the body is worth buffering; [`Router::decide`],
+//! the one way to ask for a decision, runs on the complete body with each
+//! host's current load ([`Request`]) and returns a [`Decision`] that
+//! metrics, logs and the debug header are driven from. Neither has a clock
+//! or randomness: `now_ms` comes in as an argument.
 //!
-//! The cost rule ([`crate::cost`], `cost.mode = index`) is a separate entry
-//! point, [`Router::decide_with_cost`] / [`Router::place_cost`]: it needs the
-//! whole prompt's strided chain ([`Router::key_with_chain`]) and a
-//! [`PrefixLookup`] (the simulator's [`PrefixIndex`] or the filter's
-//! shared-data index, [`crate::shared_index`]), which the caller owns and
-//! feeds from the host that actually served. With
-//! `cost.mode = off` it decides exactly like [`Router::decide`].
+//! The configured rule (`cost.mode`) picks the placement: the priced spill
+//! ([`crate::spill`], the default), the index rule ([`crate::cost`]), which
+//! also reads a [`PrefixLookup`] (the simulator's [`PrefixIndex`] or the
+//! filter's shared-data index, [`crate::shared_index`]) that the caller
+//! owns and feeds from the host that actually served, or plain bounded
+//! loads ([`Ring::place`]).
 
 use std::fmt::Write as _;
 
 use crate::config::Config;
 use crate::cost;
+use crate::cost::CostParams;
 use crate::extract::{Api, ExtractError, Scan};
 use crate::hash;
 use crate::index::{PrefixIndex, PrefixLookup};
@@ -222,6 +223,101 @@ pub struct RequestHead<'a> {
     pub content_length: Option<u64>,
 }
 
+/// A request to decide ([`Router::decide`]) and the state it is decided
+/// against. Build it with [`Request::new`] and the `with_*` methods.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    /// The API its path names ([`Router::classify`]).
+    pub api: Api,
+    /// The complete request body.
+    pub body: &'a [u8],
+    /// The session header's value (`key.session_header`), if any.
+    pub session: Option<&'a str>,
+    /// Each configured host's load, indexed like the config's hosts
+    /// (missing hosts: idle).
+    pub loads: &'a [HostLoad],
+    /// Now, in ms, on the clock the loads' report times use.
+    pub now_ms: u64,
+    /// `cost.mode = "index"` only: what each host holds of the prompt
+    /// (`None`: nothing is known, as with an empty index).
+    pub index: Option<&'a dyn PrefixLookup>,
+    /// `cost.mode = "index"` only: cost parameters to use instead of the
+    /// config's (e.g. with a learned prefill rate,
+    /// [`CostParams::with_prefill_rate`]).
+    pub params: Option<&'a CostParams>,
+    /// A key computed beforehand ([`Router::key`], e.g. by a router with
+    /// another key config), placed instead of the body's. With
+    /// `cost.mode = "index"` the body is still read for the prompt's chain.
+    pub key: Option<Key>,
+}
+
+impl<'a> Request<'a> {
+    /// A request with no session, index, parameters or key given.
+    pub fn new(api: Api, body: &'a [u8], loads: &'a [HostLoad], now_ms: u64) -> Request<'a> {
+        Request {
+            api,
+            body,
+            session: None,
+            loads,
+            now_ms,
+            index: None,
+            params: None,
+            key: None,
+        }
+    }
+
+    /// With the session header's value ([`Request::session`]).
+    pub fn with_session(self, session: Option<&'a str>) -> Request<'a> {
+        Request { session, ..self }
+    }
+
+    /// With a prefix index ([`Request::index`]).
+    pub fn with_index(self, index: &'a dyn PrefixLookup) -> Request<'a> {
+        Request {
+            index: Some(index),
+            ..self
+        }
+    }
+
+    /// With other cost parameters ([`Request::params`]).
+    pub fn with_params(self, params: &'a CostParams) -> Request<'a> {
+        Request {
+            params: Some(params),
+            ..self
+        }
+    }
+
+    /// With a key computed beforehand ([`Request::key`]).
+    pub fn with_key(self, key: Key) -> Request<'a> {
+        Request {
+            key: Some(key),
+            ..self
+        }
+    }
+}
+
+/// What [`Router::decide`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    /// Where the request goes and why.
+    pub decision: Decision,
+    /// `cost.mode = "index"`: the whole prompt's strided chain, to record
+    /// with the host that actually serves the request
+    /// ([`PrefixIndex::observe`],
+    /// [`crate::shared_index::SharedIndexConfig::observe`]); empty with the
+    /// other rules and on a fallback before the prompt was read.
+    pub chain: PromptChain,
+}
+
+/// The index rule's lookup when the caller gave none: nothing is known.
+struct NoIndex;
+
+impl PrefixLookup for NoIndex {
+    fn lookup(&self, _hashes: &[u64], hosts: &[usize], _now_ms: u64) -> Vec<u64> {
+        vec![0; hosts.len()]
+    }
+}
+
 /// The routing core: config plus ring.
 #[derive(Debug, Clone)]
 pub struct Router {
@@ -283,7 +379,7 @@ impl Router {
     /// strided chain for the cost rule, hashed in one pass. With a session
     /// key the prompt is still read for its chain (a body without a prompt
     /// then gives an empty chain, not a fallback).
-    pub fn key_with_chain(
+    fn key_with_chain(
         &self,
         api: Api,
         body: &[u8],
@@ -444,34 +540,69 @@ impl Router {
         PrefixIndex::new(self.cfg.cost.index)
     }
 
-    /// Place by the cost rule ([`crate::cost`]) if `cost.mode = index`, else
-    /// exactly [`Router::place`]. `skipped` is the chosen host's position on
-    /// the key's walk (0: the owner, a "hit").
-    pub fn place_cost<I: PrefixLookup + ?Sized>(
-        &self,
-        key: Key,
-        prompt: &PromptChain,
-        loads: &[HostLoad],
-        index: &I,
-        now_ms: u64,
-    ) -> Decision {
-        self.place_cost_with(key, prompt, loads, index, now_ms, &self.cfg.cost.params)
+    /// Decide where `req` goes: the one way to ask for a decision.
+    ///
+    /// Keys the body ([`Router::key`]; a [`Request::key`] given instead is
+    /// placed as is) and places the key by the configured rule:
+    /// - `cost.mode = "spill"` (the default): the priced spill
+    ///   ([`crate::spill`]) over the group owner and the key's ring walk;
+    /// - `cost.mode = "index"`: the index rule ([`crate::cost`]) over the
+    ///   key's owner and its successors, reading [`Request::index`] with
+    ///   the whole prompt's strided chain, returned in
+    ///   [`Decided::chain`] for the caller to record with the host that
+    ///   actually serves the request;
+    /// - `cost.mode = "off"`: plain bounded loads ([`Ring::place`]).
+    ///
+    /// Ejected hosts are skipped unless every host is ejected. The
+    /// [`Decision`] says where and why (outcome, ring position, key,
+    /// fallback cause).
+    pub fn decide(&self, req: &Request<'_>) -> Decided {
+        let keyed = if self.cfg.cost.enabled {
+            // The index rule reads the whole prompt's chain, even with a
+            // key given.
+            self.key_with_chain(req.api, req.body, req.session)
+                .map(|(k, chain)| (req.key.unwrap_or(k), chain))
+        } else {
+            match req.key {
+                Some(k) => Ok(k),
+                None => self.key(req.api, req.body, req.session),
+            }
+            .map(|k| (k, PromptChain::default()))
+        };
+        let (key, chain) = match keyed {
+            Ok(kc) => kc,
+            Err(c) => {
+                return Decided {
+                    decision: Decision::Fallback(c),
+                    chain: PromptChain::default(),
+                }
+            }
+        };
+        let decision = if self.cfg.cost.enabled {
+            let params = req.params.unwrap_or(&self.cfg.cost.params);
+            // One instantiation of the rule, over `dyn PrefixLookup`.
+            let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
+            self.place_cost(key, &chain, req.loads, index, req.now_ms, params)
+        } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
+            self.place_spill(key, req.loads, req.now_ms)
+        } else {
+            self.place_ring(key, req.loads, req.now_ms)
+        };
+        Decided { decision, chain }
     }
 
-    /// [`Router::place_cost`] with other cost parameters (e.g. the config's
-    /// with a learned prefill rate, [`crate::cost::CostParams::with_prefill_rate`]).
-    pub fn place_cost_with<I: PrefixLookup + ?Sized>(
+    /// The index rule ([`crate::cost`]) with cost parameters `params`.
+    /// `skipped` is the chosen host's position on the key's walk (0: the
+    /// owner, a "hit").
+    fn place_cost<I: PrefixLookup + ?Sized>(
         &self,
         key: Key,
         prompt: &PromptChain,
         loads: &[HostLoad],
         index: &I,
         now_ms: u64,
-        params: &crate::cost::CostParams,
+        params: &CostParams,
     ) -> Decision {
-        if !self.cfg.cost.enabled {
-            return self.place(key, loads, now_ms);
-        }
         let (eff, eligible) = self.loads(loads, now_ms);
         // The hot-host rule; nothing to collect with it off.
         let hot = if params.hot_window_s > 0.0 {
@@ -525,59 +656,8 @@ impl Router {
         }
     }
 
-    /// Key and place by the cost rule in one call; also returns the
-    /// prompt's chain, to pass to [`PrefixIndex::observe`] with the host
-    /// that actually serves the request.
-    pub fn decide_with_cost<I: PrefixLookup + ?Sized>(
-        &self,
-        api: Api,
-        body: &[u8],
-        session: Option<&str>,
-        loads: &[HostLoad],
-        index: &I,
-        now_ms: u64,
-    ) -> (Decision, PromptChain) {
-        self.decide_with_cost_params(
-            api,
-            body,
-            session,
-            loads,
-            index,
-            now_ms,
-            &self.cfg.cost.params,
-        )
-    }
-
-    /// [`Router::decide_with_cost`] with other cost parameters (e.g. a
-    /// learned prefill rate, [`crate::cost::CostParams::with_prefill_rate`]).
-    #[allow(clippy::too_many_arguments)]
-    pub fn decide_with_cost_params<I: PrefixLookup + ?Sized>(
-        &self,
-        api: Api,
-        body: &[u8],
-        session: Option<&str>,
-        loads: &[HostLoad],
-        index: &I,
-        now_ms: u64,
-        params: &crate::cost::CostParams,
-    ) -> (Decision, PromptChain) {
-        match self.key_with_chain(api, body, session) {
-            Ok((k, chain)) => (
-                self.place_cost_with(k, &chain, loads, index, now_ms, params),
-                chain,
-            ),
-            Err(c) => (Decision::Fallback(c), PromptChain::default()),
-        }
-    }
-
-    /// Place `key` by the configured rule that needs no prefix index:
-    /// `cost.mode = spill` ([`crate::spill`], the default) or `off` and
-    /// `index` ([`Router::place`]; the index rule is
-    /// [`Router::place_cost_with`]).
-    pub fn place_with(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
-        if self.cfg.cost.mode != crate::config::CostMode::Spill {
-            return self.place(key, loads, now_ms);
-        }
+    /// The priced spill ([`crate::spill`]).
+    fn place_spill(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
         let (eff, eligible) = self.loads(loads, now_ms);
         let fresh = self.cfg.load.freshness();
         let queues: Vec<Option<f64>> = (0..eff.len())
@@ -612,8 +692,8 @@ impl Router {
         }
     }
 
-    /// Place a key given each host's load (indexed like the config's hosts).
-    pub fn place(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
+    /// Plain bounded loads ([`Ring::place`]).
+    fn place_ring(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
         let (eff, eligible) = self.loads(loads, now_ms);
         match self.ring.place(key.hash, &eff, &self.bound(), &eligible) {
             Some(p) => Decision::Routed {
@@ -627,22 +707,6 @@ impl Router {
             None => Decision::Fallback(FallbackCause::HostError),
         }
     }
-
-    /// Key and place in one call, by the configured rule when it needs no
-    /// prefix index ([`Router::place_with`]).
-    pub fn decide(
-        &self,
-        api: Api,
-        body: &[u8],
-        session: Option<&str>,
-        loads: &[HostLoad],
-        now_ms: u64,
-    ) -> Decision {
-        match self.key(api, body, session) {
-            Ok(k) => self.place_with(k, loads, now_ms),
-            Err(c) => Decision::Fallback(c),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -651,6 +715,37 @@ mod tests {
     use super::*;
     use crate::extract::extract;
     use crate::load::Report;
+
+    /// [`Router::decide`] with no index: the decision.
+    fn decide(
+        r: &Router,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        loads: &[HostLoad],
+        now_ms: u64,
+    ) -> Decision {
+        r.decide(&Request::new(api, body, loads, now_ms).with_session(session))
+            .decision
+    }
+
+    /// [`Router::decide`] with a prefix index.
+    fn decide_ix(
+        r: &Router,
+        api: Api,
+        body: &[u8],
+        session: Option<&str>,
+        loads: &[HostLoad],
+        ix: &PrefixIndex,
+        now_ms: u64,
+    ) -> (Decision, PromptChain) {
+        let d = r.decide(
+            &Request::new(api, body, loads, now_ms)
+                .with_session(session)
+                .with_index(ix),
+        );
+        (d.decision, d.chain)
+    }
 
     fn router(n: usize) -> Router {
         let addrs: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 18001 + i)).collect();
@@ -713,14 +808,16 @@ mod tests {
     fn turns_route_together_when_idle() {
         let r = router(4);
         let loads = vec![HostLoad::default(); 4];
-        let d1 = r.decide(
+        let d1 = decide(
+            &r,
             Api::ChatCompletions,
             chat("hello", 1).as_bytes(),
             None,
             &loads,
             0,
         );
-        let d5 = r.decide(
+        let d5 = decide(
+            &r,
             Api::ChatCompletions,
             chat("hello", 5).as_bytes(),
             None,
@@ -779,7 +876,7 @@ mod tests {
     }
 
     #[test]
-    fn cost_off_decides_like_place() {
+    fn cost_off_decides_by_the_ring() {
         let r = cost_router(5, "off");
         let ix = r.new_index();
         for load in 0..20u64 {
@@ -791,12 +888,58 @@ mod tests {
                 .collect();
             for t in 0..6 {
                 let body = chat(&format!("conversation {t}"), 2);
-                let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 0);
-                let (d2, _) =
-                    r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &loads, &ix, 0);
+                let d = decide(&r, Api::ChatCompletions, body.as_bytes(), None, &loads, 0);
+                let (d2, chain) = decide_ix(
+                    &r,
+                    Api::ChatCompletions,
+                    body.as_bytes(),
+                    None,
+                    &loads,
+                    &ix,
+                    0,
+                );
                 assert_eq!(d, d2);
+                assert_eq!(chain, PromptChain::default());
+                let k = r.key(Api::ChatCompletions, body.as_bytes(), None).unwrap();
+                assert_eq!(d, r.place_ring(k, &loads, 0));
             }
         }
+    }
+
+    #[test]
+    fn a_given_key_is_placed_instead_of_the_bodys() {
+        let r = router(5);
+        let idle = vec![HostLoad::default(); 5];
+        let (a, b) = (chat("first", 1), chat("second", 3));
+        let kb = r.key(Api::ChatCompletions, b.as_bytes(), None).unwrap();
+        let given =
+            r.decide(&Request::new(Api::ChatCompletions, a.as_bytes(), &idle, 0).with_key(kb));
+        let direct = decide(&r, Api::ChatCompletions, b.as_bytes(), None, &idle, 0);
+        assert_eq!(given.decision, direct);
+        // A given key is placed without reading the body.
+        let junk = r.decide(&Request::new(Api::ChatCompletions, b"{oops", &idle, 0).with_key(kb));
+        assert_eq!(junk.decision, direct);
+        // The index rule without an index decides as with an empty one.
+        let r = cost_router(5, "index");
+        let ix = r.new_index();
+        let long = chat(&"x".repeat(4000), 2);
+        let none = r.decide(&Request::new(
+            Api::ChatCompletions,
+            long.as_bytes(),
+            &idle,
+            0,
+        ));
+        let (d, chain) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            long.as_bytes(),
+            None,
+            &idle,
+            &ix,
+            0,
+        );
+        assert_eq!((none.decision, none.chain), (d, chain.clone()));
+        assert!(!chain.hashes.is_empty());
     }
 
     #[test]
@@ -805,8 +948,15 @@ mod tests {
         let mut ix = r.new_index();
         let body = chat(&"x".repeat(4000), 3);
         let idle = vec![HostLoad::default(); 4];
-        let (d, chain) =
-            r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 0);
+        let (d, chain) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &idle,
+            &ix,
+            0,
+        );
         let Decision::Routed {
             host: owner,
             skipped: 0,
@@ -820,7 +970,15 @@ mod tests {
         // The second host on the walk served it (say, a spill): the index
         // learns that, and an idle fleet now prefers it.
         ix.observe(walk[1], &chain.hashes, 1);
-        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 2);
+        let (d, _) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &idle,
+            &ix,
+            2,
+        );
         assert_eq!(d.outcome(), "moved");
         assert!(
             matches!(d, Decision::Routed { host, skipped: 1, moved: true, .. } if host == walk[1])
@@ -830,12 +988,28 @@ mod tests {
         let mut busy = idle.clone();
         busy[walk[1]].inflight = 3;
         busy[walk[1]].pending_prefill_tokens = 3 * 2_000;
-        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
+        let (d, _) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &busy,
+            &ix,
+            2,
+        );
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
         // ... or 3 requests in flight with `cost.queue: requests`.
         let r = cost_router_with(4, r#""mode":"index","queue":"requests""#);
         busy[walk[1]].pending_prefill_tokens = 0;
-        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &busy, &ix, 2);
+        let (d, _) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &busy,
+            &ix,
+            2,
+        );
         assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
     }
 
@@ -848,7 +1022,15 @@ mod tests {
         let ix = r.new_index();
         let body = chat(&"new conversation ".repeat(200), 1);
         let idle = vec![HostLoad::default(); 4];
-        let (d, _) = r.decide_with_cost(Api::ChatCompletions, body.as_bytes(), None, &idle, &ix, 0);
+        let (d, _) = decide_ix(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &idle,
+            &ix,
+            0,
+        );
         let Decision::Routed {
             host: owner,
             skipped: 0,
@@ -865,7 +1047,8 @@ mod tests {
             at_ms: 0,
         });
         let at = |now_ms: u64| {
-            r.decide_with_cost(
+            decide_ix(
+                &r,
                 Api::ChatCompletions,
                 body.as_bytes(),
                 None,
@@ -936,7 +1119,7 @@ mod tests {
         let body = chat("hello", 1);
         let idle = vec![HostLoad::default(); 4];
         let Decision::Routed { host, .. } =
-            r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
+            decide(&r, Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
         else {
             panic!()
         };
@@ -947,7 +1130,7 @@ mod tests {
             own: 0,
             at_ms: 0,
         });
-        let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 5);
+        let d = decide(&r, Api::ChatCompletions, body.as_bytes(), None, &loads, 5);
         match d {
             Decision::Routed {
                 host: h2, skipped, ..
@@ -959,7 +1142,14 @@ mod tests {
             _ => panic!(),
         }
         // The report goes stale and the key comes back.
-        let d = r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 20_000);
+        let d = decide(
+            &r,
+            Api::ChatCompletions,
+            body.as_bytes(),
+            None,
+            &loads,
+            20_000,
+        );
         assert!(matches!(d, Decision::Routed { host: h, skipped: 0, .. } if h == host));
     }
 
@@ -969,7 +1159,7 @@ mod tests {
         let body = chat("hello", 1);
         let idle = vec![HostLoad::default(); 4];
         let Decision::Routed { host, .. } =
-            r.decide(Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
+            decide(&r, Api::ChatCompletions, body.as_bytes(), None, &idle, 0)
         else {
             panic!()
         };
@@ -985,7 +1175,7 @@ mod tests {
         let mut loads = idle.clone();
         loads[host].ejected = true;
         assert!(matches!(
-            r.decide(Api::ChatCompletions, body.as_bytes(), None, &loads, 0),
+            decide(&r, Api::ChatCompletions, body.as_bytes(), None, &loads, 0),
             Decision::Routed { host: h, skipped: 1, .. } if h == second
         ));
         // All ejected: ejection is ignored.
@@ -997,7 +1187,7 @@ mod tests {
             })
             .collect();
         assert!(matches!(
-            r.decide(Api::ChatCompletions, body.as_bytes(), None, &all, 0),
+            decide(&r, Api::ChatCompletions, body.as_bytes(), None, &all, 0),
             Decision::Routed { host: h, skipped: 0, .. } if h == host
         ));
     }
@@ -1007,11 +1197,11 @@ mod tests {
         let r = router(2);
         let l = vec![HostLoad::default(); 2];
         assert_eq!(
-            r.decide(Api::ChatCompletions, b"{oops", None, &l, 0),
+            decide(&r, Api::ChatCompletions, b"{oops", None, &l, 0),
             Decision::Fallback(FallbackCause::ParseError)
         );
         assert_eq!(
-            r.decide(Api::ChatCompletions, br#"{"messages":[]}"#, None, &l, 0),
+            decide(&r, Api::ChatCompletions, br#"{"messages":[]}"#, None, &l, 0),
             Decision::Fallback(FallbackCause::EmptyPrompt)
         );
         assert_eq!(

@@ -43,7 +43,7 @@
 //! never fake one. Cost: one compare-and-swap per credited response, one
 //! read-and-clear per host per scrape.
 
-use crate::load::{SharedStore, StoreError};
+use crate::store::{SharedStore, StoreError};
 
 /// Sum of the samples of `names` in a Prometheus text exposition; `None` if
 /// none of them is present. Comment lines, other metrics and malformed lines
@@ -124,7 +124,7 @@ pub fn add_served_credit<S: SharedStore + ?Sized>(
     tokens: u64,
 ) -> Result<u64, StoreError> {
     let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
-    crate::load::add_counter(store, &credit_key(address), delta)
+    crate::store::add_counter(store, &credit_key(address), delta)
 }
 
 /// The credit added since the last call, cleared (compare-and-swap).
@@ -132,7 +132,7 @@ pub fn take_served_credit<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
 ) -> Result<u64, StoreError> {
-    crate::load::cas_update(store, &credit_key(address), |v| {
+    crate::store::cas_update(store, &credit_key(address), |v| {
         let cur = v
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map_or(0, u64::from_le_bytes);
@@ -276,7 +276,7 @@ pub fn counter_reset<S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::MemStore;
+    use crate::store::MemStore;
 
     #[test]
     fn restart_counter_going_down_is_a_reset() {

@@ -15,7 +15,7 @@
 //! [`SharedIndexConfig::observe`] is called with the host that actually
 //! served a request and the request's strided chain; every touched bucket
 //! is rewritten with a compare-and-swap retry loop (at most
-//! [`crate::load::CAS_RETRIES`] attempts, like [`crate::load::add_inflight`]),
+//! [`crate::store::CAS_RETRIES`] attempts, like [`crate::load::add_inflight`]),
 //! so concurrent workers lose no entries. An existing `(hash, host)` entry
 //! is refreshed; a full bucket evicts its oldest entry. The stamp is
 //! `now_ms << 16` plus a per-observation rank that makes a prompt's deepest
@@ -74,8 +74,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
-use crate::index::PrefixLookup;
-use crate::load::{cas_update, SharedStore, StoreError};
+use crate::index::{CapacityClock, PrefixLookup};
+use crate::store::{cas_update, SharedStore, StoreError};
 
 /// Bytes per encoded entry: hash (8) + host (2) + stamp (8).
 pub const ENTRY_BYTES: usize = 18;
@@ -126,92 +126,9 @@ pub fn forget_hosts<S: SharedStore + ?Sized>(
     })
 }
 
-/// Checkpoints kept per host by [`advance_capacity`] (one every
-/// `budget / CAPACITY_STEPS` tokens).
-pub const CAPACITY_STEPS: u64 = 16;
-
 /// Shared-data key of host `h`'s capacity clock.
 pub fn capacity_key(h: usize) -> String {
     format!("prefix_router/idx/capacity/{h}")
-}
-
-/// A host's capacity clock: tokens taken into its cache so far, the last
-/// horizon applied, and checkpoints `(clock, time_ms)`, oldest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct CapacityClock {
-    pub clock: u64,
-    pub horizon_ms: u64,
-    pub checkpoints: Vec<(u64, u64)>,
-}
-
-impl CapacityClock {
-    /// Decode (little-endian u64s: clock, horizon, then pairs); malformed
-    /// or missing values decode as a fresh clock.
-    pub fn decode(v: Option<&[u8]>) -> CapacityClock {
-        let words: Vec<u64> = v
-            .unwrap_or(&[])
-            .chunks_exact(8)
-            .filter_map(|c| c.try_into().ok().map(u64::from_le_bytes))
-            .collect();
-        match words.as_slice() {
-            [clock, horizon_ms, rest @ ..] => CapacityClock {
-                clock: *clock,
-                horizon_ms: *horizon_ms,
-                checkpoints: rest
-                    .chunks_exact(2)
-                    .filter_map(|p| match p {
-                        [c, t] => Some((*c, *t)),
-                        _ => None,
-                    })
-                    .collect(),
-            },
-            _ => CapacityClock::default(),
-        }
-    }
-
-    /// Encode (see [`CapacityClock::decode`]).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + 16 * self.checkpoints.len());
-        out.extend_from_slice(&self.clock.to_le_bytes());
-        out.extend_from_slice(&self.horizon_ms.to_le_bytes());
-        for (c, t) in &self.checkpoints {
-            out.extend_from_slice(&c.to_le_bytes());
-            out.extend_from_slice(&t.to_le_bytes());
-        }
-        out
-    }
-
-    /// Add `tokens` taken in at `now_ms` with a cache of `budget` tokens;
-    /// returns the new horizon if it moved: entries of this host stamped
-    /// before it have been pushed out of its cache.
-    pub fn advance(&mut self, tokens: u64, budget: u64, now_ms: u64) -> Option<u64> {
-        if budget == 0 {
-            return None;
-        }
-        self.clock = self.clock.saturating_add(tokens);
-        let step = (budget / CAPACITY_STEPS).max(1);
-        if self
-            .checkpoints
-            .last()
-            .is_none_or(|&(c, _)| self.clock.saturating_sub(c) >= step)
-        {
-            self.checkpoints.push((self.clock, now_ms));
-        }
-        // The newest checkpoint at least `budget` tokens behind the clock:
-        // the host was sent everything before its time at least `budget`
-        // tokens ago.
-        let target = self.clock.checked_sub(budget)?;
-        let i = self.checkpoints.iter().rposition(|&(c, _)| c <= target)?;
-        let t = self.checkpoints.get(i).map(|&(_, t)| t)?;
-        // Older checkpoints can never be the answer again.
-        self.checkpoints.drain(..i);
-        if t > self.horizon_ms {
-            self.horizon_ms = t;
-            Some(t)
-        } else {
-            None
-        }
-    }
 }
 
 /// Host `h` took `tokens` new tokens into its cache at `now_ms`: advance
@@ -593,7 +510,7 @@ pub fn add_pending_tokens<S: SharedStore + ?Sized>(
     address: &str,
     delta: i64,
 ) -> Result<u64, StoreError> {
-    crate::load::add_counter(store, &pending_key(address), delta)
+    crate::store::add_counter(store, &pending_key(address), delta)
 }
 
 /// A host's pending prefill tokens (0 if never set or garbage).
@@ -602,7 +519,7 @@ pub fn read_pending_tokens<S: SharedStore + ?Sized>(
     address: &str,
 ) -> Result<u64, StoreError> {
     let (v, _) = store.get(&pending_key(address))?;
-    Ok(crate::load::decode_u64(v.as_deref()))
+    Ok(crate::store::decode_u64(v.as_deref()))
 }
 
 /// Shared-data key of the learned prefill rate (`cost.learn_prefill`): one
@@ -643,7 +560,8 @@ pub fn learn_prefill<S: SharedStore + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::MemStore;
+    use crate::index::CAPACITY_STEPS;
+    use crate::store::MemStore;
 
     #[test]
     fn learned_prefill_rate_round_trip() {

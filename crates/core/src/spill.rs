@@ -15,10 +15,16 @@
 //! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
 //!    service_s`, `q_h` the fresh reported prefill queue (vLLM's
 //!    `num_requests_waiting`, ORCA or scrape), faded by age.
-//! 3. **Under its bound** (`c^u` times the fleet's mean load, floor
-//!    `min_capacity`; `u` in `[1, 2)` from the key's hash, so keys leave a
-//!    loaded owner one by one as its load grows, the same keys each time)
-//!    `o` keeps the request unless a candidate `j` under its own bound has
+//! 3. **A later turn** (the request goes on past its key region) stays at
+//!    `o` under `o`'s bound (below), and over it leaves only as step 3's
+//!    price allows, never by the bound alone: the bound's load is partly
+//!    this proxy's own in-flight count, which the fleet's other proxies do
+//!    not see, so moving a conversation by it would split the conversation
+//!    between proxies. Without a fresh report for `o` a later turn stays.
+//!    **A first turn under its bound** (`c^u` times the fleet's mean load,
+//!    floor `min_capacity`; `u` in `[1, 2)` from the key's hash, so keys
+//!    leave a loaded owner one by one as its load grows, the same keys each
+//!    time) stays at `o` unless a candidate `j` under its own bound has
 //!
 //!    ```text
 //!    (W_o - W_j) - held_s x (1 + q_j) x u  >  0
@@ -30,22 +36,25 @@
 //!    `q`, the delay a unit of work adds to those behind it, so a miss is
 //!    worth more the busier the fleet is and hits are kept near
 //!    saturation.
-//! 4. **Over its bound** `o` gives way to the candidate under its bound
+//! 4. **A first turn over its bound**: `o` gives way to the candidate under its bound
 //!    with the largest `(W_o - W_j) - held_s x q_j x u` if it is not
 //!    negative: against an idle candidate the bound decides, as in plain
 //!    bounded loads. If every candidate is over its bound: plain bounded
 //!    loads along the whole walk ([`Ring::place`]).
-//! 5. **No fresh report for `o`**: plain bounded loads ([`Ring::place`]).
+//! 5. **No fresh report for `o`**: a first turn takes plain bounded loads
+//!    ([`Ring::place`]); a later turn stays at `o`.
 //!
 //! Ties go to the earlier candidate.
 //!
 //! ## Consistency
-//! What moves a request is the same in every proxy: the ring, the config,
-//! the request's own bytes and the replicas' reports. A proxy's own
-//! in-flight requests enter only through the bound's load, as its share of
-//! the load the reports also show ([`crate::load::HostLoad::effective`]:
-//! its in-flight requests plus the report's requests beyond its own when
-//! the report was taken). No prefix index, no gossip, no state per key.
+//! What moves a later turn (a conversation that has a replica) is the same
+//! in every proxy: the ring, the config, the request's own bytes and the
+//! replicas' reports. A proxy's own in-flight requests enter only through
+//! the bound's load ([`crate::load::HostLoad::effective`]: its in-flight
+//! requests plus the report's requests beyond its own when the report was
+//! taken), and only a first turn is ever moved by the bound alone: where a
+//! conversation opens may differ between proxies, where it goes on does
+//! not. No prefix index, no gossip, no state per key.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
@@ -166,7 +175,16 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
     let total: u64 = x.loads.iter().sum();
     let under = |h: usize| x.loads.get(h).copied().unwrap_or(0) < ring.capacity(h, total, bound);
     let Some(q_o) = x.queues.get(owner).copied().flatten() else {
-        // No fresh report: bounded loads along the candidates, then the walk.
+        // No fresh report: a later turn stays (nothing every proxy sees
+        // says to move it); a first turn takes bounded loads along the
+        // candidates, then the walk.
+        if !x.first_turn {
+            return Some(Placed {
+                host: owner,
+                rank: owner_rank,
+                why: Why::Owner,
+            });
+        }
         if let Some(&(h, rank)) = cands.iter().find(|&&(h, _)| under(h)) {
             return Some(Placed {
                 host: h,
@@ -190,6 +208,10 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
             why: Why::Owner,
         });
     }
+    // Over its bound a later turn still leaves only where the reports
+    // price it (the bound's load is partly this proxy's own in-flight
+    // count, which another proxy does not see).
+    let over = over && x.first_turn;
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
     for &(j, rank) in cands.iter().skip(1) {
@@ -339,6 +361,52 @@ mod tests {
         q[w[0]] = Some(30.0);
         let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
         assert_ne!(p.host, w[0]);
+    }
+
+    #[test]
+    fn over_its_bound_a_later_turn_leaves_only_where_the_reports_price_it() {
+        let r = ring(4);
+        let key = 9;
+        let w = order(&r, key);
+        // The owner is far over any bound, the others idle.
+        let mut loads = vec![4; 4];
+        loads[w[0]] = 21;
+        let el = vec![true; 4];
+        let mut q = vec![Some(0.0); 4];
+        q[w[0]] = Some(2.0);
+        let first = inputs(&loads, &q, &el, 2.0);
+        let later = Inputs {
+            first_turn: false,
+            ..first
+        };
+        // A first turn gives way over the bound; a later turn keeps its hit:
+        // 2 queued (1 s) do not pay re-prefilling 2 s of prefix elsewhere.
+        assert_eq!(place(&r, key, &bound(), &first).unwrap().why, Why::Bound);
+        let p = place(&r, key, &bound(), &later).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
+        // 30 queued (15 s) outweigh it: the reports move it.
+        let mut q30 = q.clone();
+        q30[w[0]] = Some(30.0);
+        let p = place(
+            &r,
+            key,
+            &bound(),
+            &Inputs {
+                queues: &q30,
+                ..later
+            },
+        )
+        .unwrap();
+        assert_eq!((p.host, p.why), (w[1], Why::Priced));
+        // Under its bound a later turn stays whatever the queue.
+        let idle = vec![0; 4];
+        let under = Inputs {
+            loads: &idle,
+            queues: &q30,
+            ..later
+        };
+        let p = place(&r, key, &bound(), &under).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
     }
 
     #[test]

@@ -114,3 +114,20 @@ fn probe() {
         );
     }
 }
+
+#[test]
+#[ignore]
+fn probe_scan_only() {
+    println!("{:<28} {:>9} {:>9}", "body", "scan µs", "all µs");
+    for (name, body) in bodies::adversarial() {
+        let s = best(
+            || {
+                let sc = extract::Scan::new(black_box(&body));
+                u64::from(sc.meta().is_ok())
+            },
+            20,
+        );
+        let a = best(|| scan_path(black_box(&body)), 20);
+        println!("{name:<28} {:>9.1} {:>9.1}", s * 1e6, a * 1e6);
+    }
+}

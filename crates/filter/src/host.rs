@@ -4,7 +4,7 @@
 //! values lossily, so a non-UTF-8 byte becomes U+FFFD instead of a panic).
 
 use crate::abi;
-use prefix_router_core::load::{SharedStore, StoreError};
+use prefix_router_core::store::{SharedStore, StoreError};
 use proxy_wasm::types::{BufferType, LogLevel, MapType, Status};
 
 /// Log a line (errors of the log call itself are ignored: nowhere to report).

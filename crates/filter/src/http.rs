@@ -38,7 +38,7 @@ use prefix_router_core::health;
 use prefix_router_core::load::{self, HostLoad};
 use prefix_router_core::scrape as core_scrape;
 use prefix_router_core::shared_index::{self, SharedLookup};
-use prefix_router_core::{Decision, FallbackCause, RequestHead};
+use prefix_router_core::{Decision, FallbackCause, Request, RequestHead};
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 
@@ -250,36 +250,27 @@ impl Http {
             }
         }
         let mut prompt_bytes = 0u64;
+        let req = Request::new(api, &body, &loads, now)
+            .with_session(self.session.as_deref())
+            .with_params(&params);
         let d = if cost_on {
-            match self
-                .st
-                .router
-                .key_with_chain(api, &body, self.session.as_deref())
-            {
-                Ok((key, chain)) => {
-                    let view = SharedLookup::new(&SharedData, cfg.cost.shared);
-                    let d = self
-                        .st
-                        .router
-                        .place_cost_with(key, &chain, &loads, &view, now, &params);
-                    let (n, first) = view.errors();
-                    if n > 0 {
-                        self.st
-                            .metrics
-                            .inc(self.st.metrics.host_errors, u64::from(n - 1));
-                        self.host_error("reading the shared prefix index", first);
-                    }
-                    prompt_bytes = chain.bytes;
-                    self.prompt_bytes = chain.bytes;
-                    self.chain = chain.hashes;
-                    d
-                }
-                Err(c) => Decision::Fallback(c),
+            let view = SharedLookup::new(&SharedData, cfg.cost.shared);
+            let decided = self.st.router.decide(&req.with_index(&view));
+            let (n, first) = view.errors();
+            if n > 0 {
+                self.st
+                    .metrics
+                    .inc(self.st.metrics.host_errors, u64::from(n - 1));
+                self.host_error("reading the shared prefix index", first);
             }
+            // Recorded with the host that serves it, even on a fallback
+            // (empty when the body gave no key).
+            prompt_bytes = decided.chain.bytes;
+            self.prompt_bytes = decided.chain.bytes;
+            self.chain = decided.chain.hashes;
+            decided.decision
         } else {
-            self.st
-                .router
-                .decide(api, &body, self.session.as_deref(), &loads, now)
+            self.st.router.decide(&req).decision
         };
         if let Decision::Routed {
             host: idx, cached, ..

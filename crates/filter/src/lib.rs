@@ -7,7 +7,7 @@
 //! keeps load accounting in proxy-wasm shared data.
 //!
 //! - [`host`]: every host call, each returning a `Result` (no SDK method that
-//!   unwraps internally is used), plus the [`prefix_router_core::load::SharedStore`]
+//!   unwraps internally is used), plus the [`prefix_router_core::store::SharedStore`]
 //!   implementation over shared data.
 //! - [`metrics`]: counters defined once per VM, incremented from decisions.
 //! - [`root`]: `on_configure` (two-phase config; bad config → `false`, so

@@ -20,11 +20,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prefix_router_core::config::{Config, ScrapeConfig};
-use prefix_router_core::load::{self, SharedStore, StoreError, CAS_RETRIES};
+use prefix_router_core::load;
 use prefix_router_core::scrape::{
     counter_reset, first_counter, flush_check, queue_depth, take_served_credit,
 };
 use prefix_router_core::shared_index;
+use prefix_router_core::store::{SharedStore, StoreError, CAS_RETRIES};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::LogLevel;
 
@@ -348,7 +349,7 @@ impl Scraper {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefix_router_core::load::MemStore;
+    use prefix_router_core::store::MemStore;
 
     #[test]
     fn one_owner_at_a_time_and_takeover_after_expiry() {

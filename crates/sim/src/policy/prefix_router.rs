@@ -3,7 +3,8 @@
 //! Each request is rendered as the HTTP body a client would send
 //! (`/v1/completions` with the trace's prompt text, or
 //! `/v1/chat/completions` with the conversation so far) and goes through
-//! [`Router::key`] and [`Router::place`] exactly as in the filter: the load
+//! [`Router::key`] and [`Router::decide`] (by `cost.mode`: the priced spill
+//! by default, or `off`) exactly as in the filter: the load
 //! each host is placed against is `HostLoad { inflight, report }` with this
 //! proxy's own in-flight count and the replica's last reported
 //! `num_requests_waiting` (the filter's default ORCA metric), which the
@@ -17,13 +18,13 @@
 //! core itself: the conversation-mode key and the prefix-mode key are both
 //! chained prefix hashes from the same model seed, so the one that hashed
 //! fewer bytes is exactly the key of the shorter region, i.e. what a core
-//! with `limit = prefix_bytes` in conversation mode would return. Placement
-//! is the core's `Router::place`. Used in BENCHMARKS.md to measure what
+//! with `limit = prefix_bytes` in conversation mode would return. It is
+//! placed by `Router::decide` with that key given (`Request::with_key`). Used in BENCHMARKS.md to measure what
 //! changing the default key would do.
 
 use prefix_router_core::config::{RawConfig, RawHost};
 use prefix_router_core::load::{HostLoad, Report};
-use prefix_router_core::{Decision, Router};
+use prefix_router_core::{Decision, Request, Router};
 
 use super::{host_address, num, Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
@@ -78,6 +79,12 @@ impl Params {
                 "prefix_bytes" => p.prefix_bytes = num(k, v)? as u64,
                 "vnodes" => p.vnodes = num(k, v)? as u32,
                 "chunk_bytes" => p.chunk_bytes = num(k, v)? as u32,
+                // The index rule needs a prefix index: `prefix-router-cost`.
+                "cost" if v == "index" => {
+                    return Err(SpecError(
+                        "prefix-router: cost=index is the prefix-router-cost policy".into(),
+                    ))
+                }
                 "cost" => p.cost = v.clone(),
                 "s" | "service_s" => p.service_s = num(k, v)?,
                 "reports" => {
@@ -251,7 +258,12 @@ impl Policy for PrefixRouter {
                 }
             }
         }
-        let d = self.router.place_with(key, &self.loads, view.now_ms());
+        let d = self
+            .router
+            .decide(
+                &Request::new(input.api(), input.body(), &self.loads, view.now_ms()).with_key(key),
+            )
+            .decision;
         match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,

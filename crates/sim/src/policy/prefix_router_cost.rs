@@ -1,5 +1,5 @@
 //! This project's router with the index rule (`cost.mode = index`): the
-//! core's [`Router::decide_with_cost`] (estimated TTFT over the key's owner
+//! core's [`Router::decide`] with an index (estimated TTFT over the key's owner
 //! and its ring successors under the load bound, see
 //! `prefix_router_core::cost`) with a learned
 //! [`PrefixIndex`] (`prefix_router_core::index`).
@@ -53,7 +53,7 @@ use std::collections::BTreeMap;
 
 use prefix_router_core::index::PrefixIndex;
 use prefix_router_core::load::{HostLoad, LoadTrend};
-use prefix_router_core::{Config, Decision, Router};
+use prefix_router_core::{Config, Decision, Request, Router};
 
 use super::prefix_router::{refresh_loads, round_robin_fallback};
 use super::{num, prefix_router, Choice, Outcome, Policy, SpecError, View};
@@ -386,14 +386,10 @@ impl Policy for PrefixRouterCost {
             Some(r) => self.params.with_prefill_rate(r),
             None => self.params,
         };
-        let (d, chain) = self.router.decide_with_cost_params(
-            input.api(),
-            input.body(),
-            None,
-            &self.loads,
-            &self.index,
-            now,
-            &params,
+        let prefix_router_core::Decided { decision: d, chain } = self.router.decide(
+            &Request::new(input.api(), input.body(), &self.loads, now)
+                .with_index(&self.index)
+                .with_params(&params),
         );
         let mut credited = 0;
         let choice = match d {
