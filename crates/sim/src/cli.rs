@@ -4,18 +4,19 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use prefix_router_replica::CostModel;
 
 use crate::bounds;
 use crate::engine::{simulate, SimConfig};
 use crate::metrics::RunResult;
+use crate::plot::{line_chart, slug, Scale, Series};
 use crate::policy::PolicySpec;
 use crate::report::{to_json, to_table, Report, RunSet};
 use crate::suite::{self, Half};
-use crate::svg::{line_chart, slug, Scale, Series};
 use crate::workload::{self, synthetic, Format, TraceOptions, Workload};
 
 const ABOUT: &str = "prefix-router-sim: what would prefix-router (and its peers) do on my traffic?";
@@ -226,6 +227,9 @@ pub struct RunArgs {
     /// Simulations run in parallel (results do not depend on it)
     #[arg(long, value_name = "N", default_value_t = 2, help_heading = "Output")]
     pub threads: usize,
+    /// No progress display on stderr (shown only on a terminal)
+    #[arg(long, help_heading = "Output")]
+    pub no_progress: bool,
 }
 
 /// Parsed arguments.
@@ -242,6 +246,8 @@ pub struct Args {
     pub json: bool,
     pub plots: Option<PathBuf>,
     pub threads: usize,
+    /// Progress bar on stderr (when it is a terminal).
+    pub progress: bool,
     /// KV block size (None: 512 for Mooncake traces, else 16).
     pub block_tokens: Option<u32>,
     pub cfg: SimConfig,
@@ -260,6 +266,7 @@ impl Default for Args {
             json: false,
             plots: None,
             threads: 2,
+            progress: false,
             block_tokens: None,
             cfg: SimConfig::default(),
         }
@@ -286,6 +293,7 @@ impl RunArgs {
             json: self.json,
             plots: self.plots.clone(),
             threads: self.threads.max(1),
+            progress: !self.no_progress,
             block_tokens: self.block_tokens.map(|b| b.max(1)),
             cfg: SimConfig::default(),
         };
@@ -410,8 +418,30 @@ pub fn load_workload(a: &Args) -> Result<Workload, String> {
     Ok(wl)
 }
 
+/// A progress display on stderr, drawn only when stderr is a terminal
+/// (and `show`): a bar over `total` simulations, or a spinner for `None`.
+/// It ticks on its own, so a long simulation still shows the time passing.
+pub fn progress_bar(show: bool, total: Option<u64>, prefix: &'static str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+    let template = if total.is_some() {
+        "{prefix} [{elapsed_precise}] {bar:40} {pos}/{len} runs, eta {eta} {msg}"
+    } else {
+        "{prefix} [{elapsed_precise}] {spinner} {msg}"
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        b.set_style(style);
+    }
+    b.set_prefix(prefix);
+    b.enable_steady_tick(Duration::from_millis(250));
+    b
+}
+
 /// Run every (rate scale, proxies, policy) combination; results in that
-/// order regardless of thread scheduling.
+/// order regardless of thread scheduling. `progress` advances by one per
+/// finished simulation.
 pub fn run_matrix(
     wl: &Workload,
     specs: &[PolicySpec],
@@ -419,6 +449,7 @@ pub fn run_matrix(
     rate_scales: &[f64],
     proxies: &[usize],
     threads: usize,
+    progress: &ProgressBar,
 ) -> Result<Vec<RunSet>, String> {
     let mut jobs = Vec::new();
     for &s in rate_scales {
@@ -443,6 +474,8 @@ pub fn run_matrix(
                     ..base.clone()
                 };
                 let r = simulate(wl, spec, &cfg).map_err(|e| format!("{}: {e}", spec.label));
+                progress.set_message(format!("{} x{s} k{k}", spec.label));
+                progress.inc(1);
                 if let Ok(mut g) = out.lock() {
                     if let Some(slot) = g.get_mut(j) {
                         *slot = Some(r);
@@ -527,7 +560,7 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                     "hit rate (% of prompt tokens)",
                     &series(&|r| r.hit_rate * 100.0),
                     Scale::LinearZero,
-                ),
+                )?,
             )?;
             put(
                 format!("ttft_p90_vs_load_k{k}.svg"),
@@ -537,7 +570,7 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                     "TTFT p90 (s, log scale)",
                     &series(&|r| r.ttft.p90),
                     Scale::Log,
-                ),
+                )?,
             )?;
         }
     }
@@ -575,7 +608,7 @@ pub fn write_plots(dir: &std::path::Path, rep: &Report) -> Result<Vec<PathBuf>, 
                     "requests in replica (waiting + running)",
                     &series,
                     Scale::LinearZero,
-                ),
+                )?,
             )?;
         }
     }
@@ -699,7 +732,16 @@ fn run(a: &Args) -> Result<(), String> {
     for p in &a.policies {
         specs.extend(PolicySpec::expand(p).map_err(|e| e.to_string())?);
     }
-    let wl = load_workload(a)?;
+    let spin = progress_bar(a.progress, None, "sim");
+    spin.set_message("loading the workload");
+    let wl = load_workload(a);
+    let wl = match wl {
+        Ok(w) => w,
+        Err(e) => {
+            spin.finish_and_clear();
+            return Err(e);
+        }
+    };
     let mut cfg = a.cfg.clone();
     cfg.cost.block_tokens = wl.block_tokens;
     let t_load = t0.elapsed();
@@ -707,8 +749,25 @@ fn run(a: &Args) -> Result<(), String> {
         .cost
         .cache_capacity_tokens
         .saturating_mul(cfg.replicas as u64);
+    spin.set_message("computing the hit-rate bounds");
     let b = bounds::compute_with(&wl, total_cache, cfg.output_kv);
-    let sets = run_matrix(&wl, &specs, &cfg, &a.rate_scales, &a.proxies, a.threads)?;
+    spin.finish_and_clear();
+    let bar = progress_bar(
+        a.progress,
+        Some((specs.len() * a.rate_scales.len() * a.proxies.len()) as u64),
+        "sim",
+    );
+    let sets = run_matrix(
+        &wl,
+        &specs,
+        &cfg,
+        &a.rate_scales,
+        &a.proxies,
+        a.threads,
+        &bar,
+    );
+    bar.finish_and_clear();
+    let sets = sets?;
     let rep = Report::new(&wl, &cfg, b, sets);
     if a.json {
         let s = serde_json::to_string_pretty(&to_json(&rep)).map_err(|e| e.to_string())?;

@@ -5,6 +5,15 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
+/// The splitmix64 finalizer (Steele, Lea, Flood, OOPSLA 2014): a bijective
+/// 64-bit mixer.
+#[inline]
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// Identity-ish hasher: `write_u64` stores the value mixed once.
 #[derive(Default, Clone, Copy)]
 pub struct IdHasher(u64);
@@ -19,7 +28,7 @@ impl Hasher for IdHasher {
         }
     }
     fn write_u64(&mut self, n: u64) {
-        self.0 = crate::rng::mix64(n);
+        self.0 = mix64(n);
     }
 }
 

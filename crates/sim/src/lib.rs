@@ -12,7 +12,7 @@
 //! * [`policy`]: the policies.
 //! * [`engine`]: the event loop ([`engine::simulate`]).
 //! * [`bounds`]: oracle and single-server hit-rate bounds.
-//! * [`metrics`], [`report`], [`svg`]: results, tables, JSON, plots.
+//! * [`metrics`], [`report`], [`plot`]: results, tables, JSON, plots.
 //! * [`suite`]: `prefix-router-sim suite`, the fixed workload suite and its
 //!   scoreboard.
 //!
@@ -24,11 +24,11 @@ pub mod engine;
 pub mod hashers;
 pub mod input;
 pub mod metrics;
+pub mod plot;
 pub mod policy;
 pub mod report;
 pub mod rng;
 pub mod suite;
-pub mod svg;
 pub mod text;
 pub mod workload;
 

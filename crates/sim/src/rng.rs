@@ -1,94 +1,85 @@
-//! The simulator's only randomness: a seeded splitmix64 generator.
+//! The simulator's only randomness: `rand` with a seeded PCG generator.
 //!
 //! No `thread_rng`, no `RandomState`: every random choice (arrivals, think
-//! times, synthetic text, random policies, tie breaks) comes from a [`Rng`]
+//! times, synthetic text, random policies, tie breaks) comes from an [`Rng`]
 //! seeded from `--seed` and a fixed per-use salt, so a run is a pure function
 //! of its inputs.
+//!
+//! **Byte-identical output for a seed.** The generator is
+//! [`rand_pcg::Pcg64Mcg`] (PCG XSL 128/64 MCG: its output stream is fixed by
+//! the PCG definition), seeded with [`rand::SeedableRng::seed_from_u64`]
+//! (documented by `rand_core` as portable). What else would vary is kept out:
+//!
+//! * integer draws go through [`Draw::below`] on `u64` (never a `usize`
+//!   range, whose sampling rand may do differently by pointer width);
+//! * floats are [`Draw::unit`] (rand's `StandardUniform` for `f64`: the top
+//!   53 bits of one `u64`), exponentials and Zipf draws are computed here
+//!   from it by inverse CDF (no `rand_distr`);
+//! * shuffles are rand's `SliceRandom::shuffle`, which draws `u32` indices
+//!   for slices shorter than `u32::MAX` on every platform.
+//!
+//! rand's integer-range and shuffle algorithms may change between its minor
+//! versions, and its `unbiased` feature (off: rand is used without default
+//! features and nothing in the workspace turns it on) changes them too, so
+//! `rand` and `rand_pcg` are pinned (`=x.y.z` in Cargo.toml);
+//! `tests/determinism.rs` holds golden hashes of raw draws and of generated
+//! workloads and fails if an update moves them.
+//!
+//! Seeds of sub-streams are derived with xxh3-64 under an explicit seed
+//! ([`seed2`], [`seed_str`]), like every other hash in the project.
 
-/// splitmix64 (Steele, Lea, Flood, "Fast splittable pseudorandom number
-/// generators", OOPSLA 2014): 64-bit state, one multiply-xorshift finalizer
-/// per output. Fast, and good enough for simulation (passes BigCrush).
-#[derive(Debug, Clone)]
-pub struct Rng {
-    state: u64,
-}
+use rand::RngExt as _;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+pub use rand::seq::SliceRandom;
 
-/// The splitmix64 finalizer: a bijective 64-bit mixer.
-#[inline]
-pub fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The simulator's generator.
+pub type Rng = rand_pcg::Pcg64Mcg;
+
+/// A generator with this seed.
+pub fn rng(seed: u64) -> Rng {
+    <Rng as rand::SeedableRng>::seed_from_u64(seed)
 }
 
 /// Combine two values into a well-mixed seed (order matters).
 #[inline]
 pub fn seed2(a: u64, b: u64) -> u64 {
-    mix64(a.wrapping_add(GOLDEN).wrapping_mul(0xD6E8_FEB8_6659_FD93) ^ mix64(b ^ GOLDEN))
+    xxh3_64_with_seed(&b.to_le_bytes(), a)
 }
 
-/// A seed derived from a string label (FNV-1a, then mixed).
+/// A seed derived from a string label.
 pub fn seed_str(base: u64, label: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in label.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    seed2(base, h)
+    xxh3_64_with_seed(label.as_bytes(), base)
 }
 
-impl Rng {
-    /// A generator with this seed.
-    pub fn new(seed: u64) -> Self {
-        Rng { state: seed }
-    }
-
-    /// Next 64 random bits.
+/// The draws the simulator makes, on any rand generator.
+pub trait Draw: rand::Rng {
+    /// Uniform in `0..n` (`n > 0`; returns 0, drawing nothing, for `n == 0`).
     #[inline]
-    pub fn next_u64(&mut self) -> u64 {
-        self.state = self.state.wrapping_add(GOLDEN);
-        mix64(self.state)
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.random_range(0..n)
+        }
     }
 
     /// Uniform in `[0, 1)` with 53 bits.
     #[inline]
-    pub fn f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    fn unit(&mut self) -> f64 {
+        self.random::<f64>()
     }
 
-    /// Uniform in `0..n` (`n > 0`; returns 0 for `n == 0`). Lemire's
-    /// multiply-shift with rejection: unbiased.
-    pub fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            return 0;
-        }
-        let threshold = n.wrapping_neg() % n;
-        loop {
-            let m = u128::from(self.next_u64()) * u128::from(n);
-            if (m as u64) >= threshold {
-                return (m >> 64) as u64;
-            }
-        }
-    }
-
-    /// Exponential with this mean (`mean <= 0` gives 0).
-    pub fn exp(&mut self, mean: f64) -> f64 {
+    /// Exponential with this mean (`mean <= 0` gives 0, drawing nothing).
+    fn exp(&mut self, mean: f64) -> f64 {
         if mean <= 0.0 {
             return 0.0;
         }
-        -mean * (1.0 - self.f64()).ln()
-    }
-
-    /// Fisher-Yates shuffle.
-    pub fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            v.swap(i, j);
-        }
+        -mean * (1.0 - self.unit()).ln()
     }
 }
+
+impl<R: rand::Rng + ?Sized> Draw for R {}
 
 /// Zipf(s) over `0..n` by inverse CDF (binary search in the precomputed
 /// cumulative weights `1/(k+1)^s`).
@@ -113,8 +104,8 @@ impl Zipf {
     }
 
     /// Draw an index.
-    pub fn sample(&self, rng: &mut Rng) -> usize {
-        let u = rng.f64();
+    pub fn sample<R: rand::Rng + ?Sized>(&self, rng: &mut R) -> usize {
+        let u = rng.unit();
         self.cdf
             .partition_point(|&c| c <= u)
             .min(self.cdf.len() - 1)
@@ -124,15 +115,16 @@ impl Zipf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::Rng as _;
 
     #[test]
     fn deterministic_and_uniformish() {
-        let mut a = Rng::new(7);
-        let mut b = Rng::new(7);
+        let mut a = rng(7);
+        let mut b = rng(7);
         for _ in 0..100 {
             assert_eq!(a.next_u64(), b.next_u64());
         }
-        let mut r = Rng::new(1);
+        let mut r = rng(1);
         let mut counts = [0u32; 10];
         for _ in 0..100_000 {
             counts[r.below(10) as usize] += 1;
@@ -140,12 +132,15 @@ mod tests {
         assert!(counts.iter().all(|&c| (9_000..11_000).contains(&c)));
         let m: f64 = (0..100_000).map(|_| r.exp(2.0)).sum::<f64>() / 100_000.0;
         assert!((m - 2.0).abs() < 0.05);
+        assert_eq!(r.below(0), 0);
+        assert_ne!(seed2(1, 2), seed2(2, 1));
+        assert_ne!(seed_str(1, "a"), seed_str(1, "b"));
     }
 
     #[test]
     fn zipf_skews_to_head() {
         let z = Zipf::new(100, 1.1);
-        let mut r = Rng::new(3);
+        let mut r = rng(3);
         let mut head = 0;
         for _ in 0..10_000 {
             if z.sample(&mut r) == 0 {

@@ -9,7 +9,9 @@
 //! keys give different bytes (they diverge within the first few characters
 //! with probability 1 - 64^-k).
 
-use crate::rng::{seed2, Rng};
+use rand::Rng as _;
+
+use crate::rng::seed2;
 
 const ALPHABET: &[u8; 64] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .";
 
@@ -20,7 +22,7 @@ pub const MOONCAKE_BLOCK_TOKENS: u32 = 512;
 
 /// Append `len` bytes of text determined by `key` to `out`.
 pub fn gen_text(key: u64, len: usize, out: &mut Vec<u8>) {
-    let mut r = Rng::new(seed2(key, 0x7465_7874_6765_6e31)); // "textgen1"
+    let mut r = crate::rng::rng(seed2(key, 0x7465_7874_6765_6e31)); // "textgen1"
     out.reserve(len);
     let mut left = len;
     while left > 0 {

@@ -18,7 +18,7 @@ use prefix_router_core::Router;
 use super::prefix_router::Params;
 use super::{Choice, Outcome, Policy, SpecError, View};
 use crate::input::RouteInput;
-use crate::rng::Rng;
+use crate::rng::{Draw, Rng};
 
 /// Round robin (per proxy; proxies start at different offsets).
 pub struct RoundRobin {
@@ -56,7 +56,7 @@ impl Random {
     pub fn new(n: usize, seed: u64) -> Self {
         Random {
             n: n.max(1),
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
         }
     }
 }
@@ -81,7 +81,7 @@ impl LeastLoaded {
     pub fn new(n: usize, seed: u64) -> Self {
         LeastLoaded {
             n: n.max(1),
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
             ties: Vec::new(),
         }
     }
@@ -114,7 +114,7 @@ impl PowerOfTwo {
     pub fn new(n: usize, seed: u64) -> Self {
         PowerOfTwo {
             n: n.max(1),
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
         }
     }
 }

@@ -66,7 +66,7 @@ use prefix_router_replica::Replica;
 use super::{num, Choice, Outcome, Policy, SpecError, View};
 use crate::hashers::{IdMap, IdSet};
 use crate::input::RouteInput;
-use crate::rng::Rng;
+use crate::rng::{Draw, Rng};
 
 /// `overlap_weight` (= `prefill_load_scale`), `kv_delay_ms`.
 #[derive(Debug, Clone, PartialEq)]
@@ -208,7 +208,7 @@ impl Dynamo {
             workers: (0..hosts).map(|_| Worker::default()).collect(),
             active: HashMap::default(),
             events,
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
             best: Vec::new(),
             overlaps: vec![0; hosts],
         }

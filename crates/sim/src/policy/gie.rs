@@ -50,7 +50,7 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 use super::{num, Choice, Outcome, Policy, SpecError, View};
 use crate::hashers::IdMap;
 use crate::input::RouteInput;
-use crate::rng::Rng;
+use crate::rng::{Draw, Rng};
 
 /// `block` (bytes), `max_blocks`, `lru` (entries per server; default
 /// autoTune), `w_prefix`, `w_queue`, `w_kv`.
@@ -140,7 +140,7 @@ impl Gie {
             lrus: (0..hosts).map(|_| Lru::default()).collect(),
             pods: HashMap::default(),
             tick: 0,
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
             hashes: Vec::new(),
             counts: vec![0; hosts],
             best: Vec::new(),

@@ -45,7 +45,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::{num, Choice, Outcome, Policy, SpecError, View};
 use crate::hashers::{IdMap, IdSet};
 use crate::input::RouteInput;
-use crate::rng::Rng;
+use crate::rng::{Draw, Rng};
 
 /// `ttl_s`, `blocks`.
 #[derive(Debug, Clone, PartialEq)]
@@ -119,7 +119,7 @@ impl Higress {
             p,
             n: hosts.max(1),
             store,
-            rng: Rng::new(seed),
+            rng: crate::rng::rng(seed),
             rr: proxy,
             counted: IdSet::default(),
         }

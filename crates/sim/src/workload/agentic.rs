@@ -24,7 +24,7 @@
 
 use super::synthetic::{Spec, ANS, QST, SYS};
 use super::{Conversation, Kind, Request, Session, Text, Workload};
-use crate::rng::{seed2, Rng};
+use crate::rng::{seed2, Draw, Rng};
 
 /// Append the sessions of `spec` to `wl` (prompts are filled by the caller).
 pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload, rng: &mut Rng) {
@@ -47,7 +47,7 @@ pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload
             let user_tokens = if k == 0 {
                 spec.question
             } else {
-                (tool_lo + (tool_hi - tool_lo) * rng.f64()).exp().round() as u32
+                (tool_lo + (tool_hi - tool_lo) * rng.unit()).exp().round() as u32
             };
             let out = out_lo + rng.below(out_hi - out_lo + 1);
             outputs.push(out);

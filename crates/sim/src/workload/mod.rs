@@ -28,7 +28,7 @@ use std::sync::Arc;
 use prefix_router_core::extract::{extract, Api};
 use prefix_router_replica::Prompt;
 
-use crate::rng::seed2;
+use crate::rng::{seed2, Draw};
 use crate::text::{gen_text, mooncake_text, MOONCAKE_BLOCK_TOKENS};
 
 /// Model name put in every body (it seeds the core's hash chain).
@@ -516,9 +516,9 @@ impl Workload {
         if !(width_s.is_finite() && width_s > 0.0) {
             return;
         }
-        let mut rng = crate::rng::Rng::new(crate::rng::seed_str(seed, "spread-starts"));
+        let mut rng = crate::rng::rng(crate::rng::seed_str(seed, "spread-starts"));
         for s in &mut self.sessions {
-            s.start += width_s * rng.f64();
+            s.start += width_s * rng.unit();
         }
         self.name = format!("{}, starts spread over {} ms", self.name, width_s * 1000.0);
     }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::synthetic::{Spec, ANS, QST, SYS};
 use super::{Conversation, Kind, Request, Session, Text, Workload};
-use crate::rng::{seed2, Rng, Zipf};
+use crate::rng::{seed2, Draw, Rng, Zipf};
 
 const DOC: u64 = 0x646f_6375_6d65_6e74; // "document"
 
@@ -31,7 +31,7 @@ const DOC: u64 = 0x646f_6375_6d65_6e74; // "document"
 pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload, rng: &mut Rng) {
     let docs: Vec<Text> = (0..spec.docs)
         .map(|d| {
-            let len = (f64::from(spec.doc) * (0.5 + rng.f64())).round().max(1.0) as u32;
+            let len = (f64::from(spec.doc) * (0.5 + rng.unit())).round().max(1.0) as u32;
             Text::Gen {
                 key: seed2(seed ^ DOC, d as u64),
                 len: len * 4,

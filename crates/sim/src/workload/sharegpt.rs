@@ -16,7 +16,7 @@ use super::{
     fill_chat_prompts, Conversation, Kind, Request, Session, Text, TraceOptions, Workload,
     WorkloadError,
 };
-use crate::rng::{seed_str, Rng};
+use crate::rng::{seed_str, Draw};
 
 #[derive(Deserialize)]
 struct Conv {
@@ -60,7 +60,7 @@ pub fn parse(
             format!("not ShareGPT JSON ({e}); expected [{{\"id\", \"conversations\": [{{\"from\", \"value\"}}]}}]"),
         )
     })?;
-    let mut rng = Rng::new(seed_str(seed, "sharegpt-arrivals"));
+    let mut rng = crate::rng::rng(seed_str(seed, "sharegpt-arrivals"));
     let mut wl = Workload::new(
         format!("sharegpt:{name}"),
         seed,

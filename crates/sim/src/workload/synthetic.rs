@@ -28,7 +28,7 @@
 use super::{
     fill_chat_prompts, Conversation, Kind, Request, Session, Text, Workload, WorkloadError,
 };
-use crate::rng::{seed2, seed_str, Rng, Zipf};
+use crate::rng::{seed2, seed_str, Draw, Rng, SliceRandom, Zipf};
 
 /// Parameters of a synthetic workload.
 #[derive(Debug, Clone, PartialEq)]
@@ -262,7 +262,7 @@ fn next_arrival(spec: &Spec, t: f64, rng: &mut Rng) -> f64 {
 
 /// Build the workload.
 pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
-    let mut rng = Rng::new(seed_str(seed, &format!("synthetic:{}", spec.text)));
+    let mut rng = crate::rng::rng(seed_str(seed, &format!("synthetic:{}", spec.text)));
     let mut wl = Workload::new(
         format!("synthetic:{}", spec.text),
         seed,
@@ -283,7 +283,7 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
                 (0..n).map(|_| z.sample(&mut rng)).collect()
             } else {
                 let mut v: Vec<usize> = (0..n).map(|i| i / spec.prompts).collect();
-                rng.shuffle(&mut v);
+                v.shuffle(&mut rng);
                 v
             };
             let mut t = 0.0;
