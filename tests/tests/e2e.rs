@@ -2444,6 +2444,25 @@ fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
     );
 }
 
+/// Requests the filter decided: routed plus counted fallbacks.
+fn decided(lab: &Lab) -> f64 {
+    filter_counter(lab, &["prefix_router_routed_"])
+        + filter_counter(lab, &["prefix_router_fallback_"])
+}
+
+/// No wasm panic or VM failure in Envoy's log.
+fn assert_no_vm_failure(log: &str) {
+    assert!(
+        !log.contains("panicked") && !log.contains("failed: "),
+        "the VM failed:\n{}",
+        log.lines()
+            .filter(|l| l.contains("wasm"))
+            .take(20)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 /// Sends `request` as raw bytes on a new connection and returns the response's status
 /// (0 when none could be read) and its head and body as lossy text.
 fn raw_exchange(port: u16, request: &[u8]) -> (u16, String) {
@@ -2520,10 +2539,7 @@ fn non_utf8_header_bytes_never_kill_the_vm() {
             post(b"content-type: application/json\r\nx-sim-bad-load-headers: 1\r\n"),
         ),
     ];
-    let routed = || {
-        filter_counter(&lab, &["prefix_router_routed_"])
-            + filter_counter(&lab, &["prefix_router_fallback_"])
-    };
+    let routed = || decided(&lab);
     for (name, req) in &cases {
         // Four times each, on new connections: both workers meet every case.
         for i in 0..4 {
@@ -2563,16 +2579,7 @@ fn non_utf8_header_bytes_never_kill_the_vm() {
         "the unreadable load reports were not counted\n{}",
         prefix_router_metrics(&lab)
     );
-    let log = envoy.log();
-    assert!(
-        !log.contains("panicked") && !log.contains("failed: "),
-        "the VM failed:\n{}",
-        log.lines()
-            .filter(|l| l.contains("wasm"))
-            .take(20)
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_vm_failure(&envoy.log());
 }
 
 /// The bytes of a `transfer-encoding: chunked` POST of `body`, `chunk` bytes per HTTP chunk.
@@ -3220,10 +3227,7 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
         r.extend_from_slice(body);
         r
     };
-    let decided = || {
-        filter_counter(&lab, &["prefix_router_routed_"])
-            + filter_counter(&lab, &["prefix_router_fallback_"])
-    };
+    let decided = || decided(&lab);
     let plain = post(
         chat_body(
             "sim-llm",
@@ -3296,16 +3300,7 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
         "the filter did not decide every request after the bodies\n{}",
         prefix_router_metrics(&lab)
     );
-    let log = envoy.log();
-    assert!(
-        !log.contains("panicked") && !log.contains("failed: "),
-        "the VM failed:\n{}",
-        log.lines()
-            .filter(|l| l.contains("wasm"))
-            .take(20)
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_no_vm_failure(&envoy.log());
 }
 
 /// A lab whose cluster `llm` comes from EDS in a watched file (initially the first `initial`
