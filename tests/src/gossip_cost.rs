@@ -50,10 +50,10 @@ fn splitmix(x: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    v.get(i).copied().unwrap_or(f64::NAN)
+/// The `p`-quantile of `v` (ms) through [`crate::report::quantile_us`].
+fn pct(v: &[f64], p: f64) -> f64 {
+    let us: Vec<f64> = v.iter().map(|ms| ms * 1e3).collect();
+    crate::report::quantile_us(&us, p).map_or(f64::NAN, |x| x / 1e3)
 }
 
 /// Run it; returns the report.
@@ -125,10 +125,10 @@ pub fn run(opts: &GossipCostOptions) -> Result<String> {
     let applied = prom::sum_matching(&samples, &["prefix_router", "gossip", "applied"]);
     let rejected = prom::sum_matching(&samples, &["prefix_router", "gossip", "rejected"]);
     let (a50, a90, r50, r90) = (
-        pct(&mut apply, 0.5),
-        pct(&mut apply, 0.9),
-        pct(&mut reject, 0.5),
-        pct(&mut reject, 0.9),
+        pct(&apply, 0.5),
+        pct(&apply, 0.9),
+        pct(&reject, 0.5),
+        pct(&reject, 0.9),
     );
     let n = opts.observations as f64;
     Ok(format!(

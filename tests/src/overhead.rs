@@ -133,12 +133,8 @@ impl RawClient {
     }
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+fn pct(values: &[f64], p: f64) -> f64 {
+    crate::report::quantile_us(values, p).unwrap_or(f64::NAN)
 }
 
 /// Runs the measurement and returns the printed table.

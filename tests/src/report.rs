@@ -39,15 +39,29 @@ pub struct Report {
     pub sample_errors: Vec<String>,
 }
 
-/// The `q`-quantile (nearest rank) of `values` (unsorted).
+/// The `q`-quantile of `values` (unsorted), through an HDR histogram of
+/// microseconds with 3 significant digits (as the simulator takes its
+/// percentiles): the top of the bucket holding the nearest-rank value.
 pub fn quantile(values: &[Duration], q: f64) -> Option<Duration> {
+    let us: Vec<f64> = values.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    quantile_us(&us, q).map(|v| Duration::from_secs_f64(v / 1e6))
+}
+
+/// [`quantile`] of values in microseconds (negative values count as 0);
+/// `None` when empty.
+pub fn quantile_us(values: &[f64], q: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
-    let mut v = values.to_vec();
-    v.sort();
-    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
-    v.get(rank - 1).copied()
+    let mut h = hdrhistogram::Histogram::<u64>::new(3).ok()?;
+    for &v in values {
+        // `record` grows the histogram; past what it can grow to, clamp.
+        let us = v.max(0.0).round() as u64;
+        if h.record(us).is_err() {
+            h.saturating_record(us);
+        }
+    }
+    Some(h.value_at_quantile(q.clamp(0.0, 1.0)) as f64)
 }
 
 /// Share of turns served by their conversation's majority replica (failed turns count as not).
@@ -324,15 +338,23 @@ mod tests {
         assert!((r.mean_per_replica - 1.5).abs() < 1e-9);
         assert_eq!(r.hit_rate, Some(0.25));
         assert_eq!(r.ok, 6);
-        assert_eq!(r.ttft_p50, Some(Duration::from_millis(20)));
+        // An HDR bucket's top: within 0.1 % above the sample.
+        let p50 = r.ttft_p50.map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        assert!((0.020..=0.02002).contains(&p50), "{p50}");
         assert!(side_by_side(&[&r, &r]).contains("requests per replica"));
     }
 
     #[test]
     fn quantiles() {
         let v: Vec<Duration> = (1..=10).map(Duration::from_millis).collect();
-        assert_eq!(quantile(&v, 0.5), Some(Duration::from_millis(5)));
-        assert_eq!(quantile(&v, 0.9), Some(Duration::from_millis(9)));
+        let near = |got: Option<Duration>, ms: f64| {
+            let got = got.map(|d| d.as_secs_f64() * 1e3).unwrap_or(f64::NAN);
+            assert!((got - ms).abs() <= ms * 1e-3, "{got} ms, want {ms} ms");
+        };
+        near(quantile(&v, 0.5), 5.0);
+        near(quantile(&v, 0.9), 9.0);
+        near(quantile(&v, 1.0), 10.0);
         assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile_us(&[7.0], 0.5), Some(7.0));
     }
 }
