@@ -177,6 +177,7 @@ impl Http {
         }
     }
 
+    /// Step 2: read the request's inputs, make one core call, apply it.
     fn decide(&mut self, api: Api, body_size: usize) -> Action {
         let body = match host::request_body(body_size) {
             Ok(b) => b,
@@ -185,16 +186,44 @@ impl Http {
                 return self.fallback(FallbackCause::HostError);
             }
         };
-        let cfg = self.st.router.config();
-        let now = match host::now_ms() {
-            Ok(t) => t,
-            Err(e) => {
-                self.host_error("reading the clock", e);
-                0
+        let st = Rc::clone(&self.st);
+        let now = self.now().unwrap_or(0);
+        let loads = self.read_loads(now);
+        let params = self.cost_params();
+        let session = self.session.take();
+        let req = Request::new(api, &body, &loads, now)
+            .with_session(session.as_deref())
+            .with_params(&params);
+        let d = self.place(req);
+        self.session = session;
+        if let Decision::Routed {
+            host, cached, key, ..
+        } = d
+        {
+            let applied = self.apply(host, key.hash, cached.unwrap_or(0), &loads, &params, now);
+            if let Err(cause) = applied {
+                return self.fallback(cause);
             }
-        };
-        let cost_on = cfg.cost.enabled;
-        let tokens_mode = cost_on && cfg.cost.params.queue == QueueMode::Tokens;
+        }
+        st.metrics.record(&d);
+        if host::log_enabled(LogLevel::Debug) {
+            let line = format!("prefix-router: {}", d.describe(st.router.config()));
+            host::log(LogLevel::Debug, &line);
+        }
+        self.decision = Some(d);
+        self.api = None;
+        Action::Continue
+    }
+
+    /// Every configured host's load from shared data: in-flight count and
+    /// report, passive-health ejection, and for the index rule's token
+    /// queue the pending prefill (its own and the peers' gossiped), plus
+    /// the hot-host rule's recent loads. A failed read counts a host error
+    /// and reads as idle.
+    fn read_loads(&self, now: u64) -> Vec<HostLoad> {
+        let st = &self.st;
+        let cfg = st.router.config();
+        let tokens_mode = cfg.cost.enabled && cfg.cost.params.queue == QueueMode::Tokens;
         let mut loads = Vec::with_capacity(cfg.hosts.len());
         for h in &cfg.hosts {
             if h.weight <= 0.0 {
@@ -211,7 +240,7 @@ impl Http {
             };
             if cfg.health.failure_threshold > 0 {
                 match health::read_health(&SharedData, &h.address) {
-                    Ok(st) => l.ejected = st.ejected(now),
+                    Ok(hs) => l.ejected = hs.ejected(now),
                     Err(e) => self.host_error("reading shared health", e),
                 }
             }
@@ -246,117 +275,114 @@ impl Http {
             }
         }
         // The hot-host rule's recent loads (a no-op with it off).
-        match self.st.trend.try_borrow_mut() {
-            Ok(mut t) => self.st.router.track_recent(&mut t, &mut loads, now),
-            Err(_) => self.st.metrics.inc(self.st.metrics.host_errors, 1),
+        match st.trend.try_borrow_mut() {
+            Ok(mut t) => st.router.track_recent(&mut t, &mut loads, now),
+            Err(_) => st.metrics.inc(st.metrics.host_errors, 1),
         }
+        loads
+    }
+
+    /// The cost parameters, with the learned prefill rate when
+    /// `cost.learn_prefill` is on and one was learned.
+    fn cost_params(&self) -> cost::CostParams {
+        let cfg = self.st.router.config();
         let mut params = cfg.cost.params;
-        if cost_on && cfg.cost.learn_prefill {
+        if cfg.cost.enabled && cfg.cost.learn_prefill {
             match shared_index::read_learned_prefill(&SharedData) {
                 Ok(Some(r)) => params = params.with_prefill_rate(r),
                 Ok(None) => {}
                 Err(e) => self.host_error("reading the learned prefill rate", e),
             }
         }
-        let mut prompt_bytes = 0u64;
-        let req = Request::new(api, &body, &loads, now)
-            .with_session(self.session.as_deref())
-            .with_params(&params);
-        let d = if cost_on {
-            let view = SharedLookup::new(&SharedData, cfg.cost.shared);
-            let decided = self.st.router.decide(&req.with_index(&view));
-            let (n, first) = view.errors();
-            if n > 0 {
-                self.st
-                    .metrics
-                    .inc(self.st.metrics.host_errors, u64::from(n - 1));
-                self.host_error("reading the shared prefix index", first);
-            }
-            // Recorded with the host that serves it, even on a fallback
-            // (empty when the body gave no key).
-            prompt_bytes = decided.chain.bytes;
-            self.prompt_bytes = decided.chain.bytes;
-            self.chain = decided.chain.hashes;
-            decided.decision
-        } else {
-            self.st.router.decide(&req).decision
-        };
-        if let Decision::Routed {
-            host: idx,
-            cached,
-            key,
-            ..
-        } = d
-        {
-            let Some(h) = cfg.hosts.get(idx) else {
-                return self.fallback(FallbackCause::HostError);
-            };
-            // The chosen host, then its ring successors for Envoy's retries
-            // (override_host takes the next one on each retry).
-            let failover = self.st.router.failover(key.hash, idx, &loads, now);
-            let dest = self
-                .st
-                .router
-                .destination(idx, &failover)
-                .unwrap_or_else(|| h.address.clone());
-            self.failover = dest
-                .split_once(',')
-                .map(|(_, rest)| rest.to_string())
-                .unwrap_or_default();
-            if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&dest)) {
-                self.host_error("setting the destination header", e);
-                return self.fallback(FallbackCause::HostError);
-            }
-            match load::add_inflight(&SharedData, &h.address, 1) {
-                Ok(_) => self.inflight = Some(h.address.clone()),
-                Err(e) => self.host_error("counting in-flight", e),
-            }
-            // The prefill this request adds at the host: its prompt minus
-            // what the index credited the host with.
-            let uncached = params.pending_tokens(prompt_bytes, cached.unwrap_or(0));
-            if cost_on {
-                // What the index believes the host holds of this prompt, to
-                // compare with the replicas' own prefix-cache hit counters.
-                let credited = params.pending_tokens(cached.unwrap_or(0), 0);
-                self.st
-                    .metrics
-                    .inc(self.st.metrics.credited_tokens, credited);
-            }
-            if cost_on && cfg.cost.learn_prefill {
-                if let Some(l) = loads.get(idx) {
-                    let fresh = cfg.load.freshness();
-                    // Work ahead of this request there: pending prefill
-                    // tokens and others' waiting requests (tokens mode), or
-                    // any request of ours in flight (requests mode, which
-                    // does not track tokens).
-                    let mut ahead = l.pending_ahead(now, fresh, &params);
-                    if !tokens_mode {
-                        ahead = ahead.saturating_add(l.inflight);
-                    }
-                    self.learn = Some((idx, uncached, now, ahead));
+        params
+    }
+
+    /// The core's decision; the index rule reads the shared-data prefix
+    /// index and keeps the prompt's chain to record under the host that
+    /// serves it (empty when the body gave no key).
+    fn place(&mut self, req: Request<'_>) -> Decision {
+        let st = Rc::clone(&self.st);
+        let cfg = st.router.config();
+        if !cfg.cost.enabled {
+            return st.router.decide(&req).decision;
+        }
+        let view = SharedLookup::new(&SharedData, cfg.cost.shared);
+        let decided = st.router.decide(&req.with_index(&view));
+        let (n, first) = view.errors();
+        if n > 0 {
+            st.metrics.inc(st.metrics.host_errors, u64::from(n - 1));
+            self.host_error("reading the shared prefix index", first);
+        }
+        self.prompt_bytes = decided.chain.bytes;
+        self.chain = decided.chain.hashes;
+        decided.decision
+    }
+
+    /// Apply a routed decision: the destination header (the chosen host,
+    /// then its ring successors for Envoy's retries), the in-flight count,
+    /// and for the index rule its credited tokens, the prefill-rate sample
+    /// and the pending prefill. `Err`: the header could not be set.
+    fn apply(
+        &mut self,
+        idx: usize,
+        key: u64,
+        cached: u64,
+        loads: &[HostLoad],
+        params: &cost::CostParams,
+        now: u64,
+    ) -> Result<(), FallbackCause> {
+        let st = Rc::clone(&self.st);
+        let cfg = st.router.config();
+        let h = cfg.hosts.get(idx).ok_or(FallbackCause::HostError)?;
+        let failover = st.router.failover(key, idx, loads, now);
+        let dest = st
+            .router
+            .destination(idx, &failover)
+            .unwrap_or_else(|| h.address.clone());
+        self.failover = dest
+            .split_once(',')
+            .map(|(_, rest)| rest.to_string())
+            .unwrap_or_default();
+        if let Err(e) = host::set_request_header(&cfg.destination_header, Some(&dest)) {
+            self.host_error("setting the destination header", e);
+            return Err(FallbackCause::HostError);
+        }
+        match load::add_inflight(&SharedData, &h.address, 1) {
+            Ok(_) => self.inflight = Some(h.address.clone()),
+            Err(e) => self.host_error("counting in-flight", e),
+        }
+        if !cfg.cost.enabled {
+            return Ok(());
+        }
+        let tokens_mode = cfg.cost.params.queue == QueueMode::Tokens;
+        // The prefill this request adds at the host: its prompt minus what
+        // the index credited the host with.
+        let uncached = params.pending_tokens(self.prompt_bytes, cached);
+        // What the index believes the host holds of this prompt, to compare
+        // with the replicas' own prefix-cache hit counters.
+        let credited = params.pending_tokens(cached, 0);
+        st.metrics.inc(st.metrics.credited_tokens, credited);
+        if cfg.cost.learn_prefill {
+            if let Some(l) = loads.get(idx) {
+                // Work ahead of this request there: pending prefill tokens
+                // and others' waiting requests (tokens mode), or any request
+                // of ours in flight (requests mode, which does not track
+                // tokens).
+                let mut ahead = l.pending_ahead(now, cfg.load.freshness(), params);
+                if !tokens_mode {
+                    ahead = ahead.saturating_add(l.inflight);
                 }
-            }
-            if tokens_mode {
-                let tokens = uncached;
-                let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
-                if tokens > 0 {
-                    match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
-                        Ok(_) => self.pending = Some((h.address.clone(), tokens)),
-                        Err(e) => self.host_error("counting pending prefill tokens", e),
-                    }
-                }
+                self.learn = Some((idx, uncached, now, ahead));
             }
         }
-        self.st.metrics.record(&d);
-        if host::log_enabled(LogLevel::Debug) {
-            host::log(
-                LogLevel::Debug,
-                &format!("prefix-router: {}", d.describe(cfg)),
-            );
+        if tokens_mode && uncached > 0 {
+            let delta = i64::try_from(uncached).unwrap_or(i64::MAX);
+            match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
+                Ok(_) => self.pending = Some((h.address.clone(), uncached)),
+                Err(e) => self.host_error("counting pending prefill tokens", e),
+            }
         }
-        self.decision = Some(d);
-        self.api = None;
-        Action::Continue
+        Ok(())
     }
 
     /// The configured host that served this request, if any (cached once
