@@ -3634,3 +3634,115 @@ fn with_the_index_rule_a_new_replica_leaves_existing_conversations_in_place() {
         "r4 got {on_new} of 200 new conversations (about 50 expected)"
     );
 }
+
+/// Turns after a conversation's second (whose first turn may have been moved off the owner
+/// the later turns go to) served by another replica than the turn before: (moved, counted).
+fn later_turn_moves(run: &prefix_router_lab::workload::RunResult) -> (usize, usize) {
+    let mut by_conv: std::collections::BTreeMap<usize, Vec<(usize, Option<&str>)>> =
+        std::collections::BTreeMap::new();
+    for r in &run.records {
+        by_conv
+            .entry(r.conversation)
+            .or_default()
+            .push((r.turn, r.backend.as_deref()));
+    }
+    let (mut moved, mut counted) = (0, 0);
+    for turns in by_conv.values_mut() {
+        turns.sort_by_key(|t| t.0);
+        for w in turns.windows(2) {
+            if let [(_, a), (t, b)] = w {
+                if *t >= 2 {
+                    counted += 1;
+                    if a != b || b.is_none() {
+                        moved += 1;
+                    }
+                }
+            }
+        }
+    }
+    (moved, counted)
+}
+
+// 38. Two Envoys with the default config (issue 19): the demo's document chat with no think
+//     time, each conversation's turns alternating between two Envoys (no gossip, no scrape),
+//     keeps its turns on one replica and its hit rate about as well as one Envoy does. A later
+//     turn never leaves its owner by the bound alone (the bound counts each Envoy's own
+//     in-flight requests); before that rule two Envoys kept 90 % of turns. The turns that do
+//     leave are mostly first turns moved while all 50 conversations open within 4 s (issue
+//     19's 99 % target is not met: 95-98 % measured, so the bar here is 92 %). Between later
+//     turns 0-3 % change replica with two Envoys (16.5 % with the former rule, whose two
+//     Envoys kept 91 % of turns in the same run): the bar is 8 %.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
+    let _g = serial();
+    require_artifacts(true);
+    let workload = Workload::generate(WorkloadOptions {
+        think_ms: (0, 1),
+        ..WorkloadOptions::default()
+    });
+    let total = workload.total_requests();
+    let start = |label: &str, one: bool| {
+        ok(Lab::start(&LabOptions {
+            label: label.to_string(),
+            backends: 4,
+            backend: BackendOptions {
+                cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
+                ..backend_opts()
+            },
+            envoy: one.then(|| EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Default,
+                ..EnvoyOptions::default()
+            }),
+        }))
+    };
+    let lab1 = start("e2e-one-envoy", true);
+    let (run1, one) = ok(lab1.run_workload(&workload, "one Envoy"));
+    drop(lab1);
+    let lab2 = start("e2e-two-envoys", false);
+    let envoys = ok(lab2.start_envoys(
+        2,
+        EnvoyMode::PrefixRouter,
+        &FilterConfig::Default,
+        false,
+        false,
+    ));
+    let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
+    let (run2, two) = ok(lab2.run_workload_at(&workload, "two Envoys", &urls));
+    drop(envoys);
+    drop(lab2);
+    let table = side_by_side(&[&one, &two]);
+    eprintln!("{table}");
+    let mut problems = Vec::new();
+    for (name, run) in [("one Envoy", &run1), ("two Envoys", &run2)] {
+        let (moved, later) = later_turn_moves(run);
+        eprintln!("{name}: {moved} of {later} later turns left the previous turn's replica");
+        if moved * 100 > later * 8 {
+            problems.push(format!(
+                "{name}: {moved} of {later} later turns left the previous turn's replica \
+                 (want at most 8 %)"
+            ));
+        }
+    }
+    for (name, r) in [("one Envoy", &one), ("two Envoys", &two)] {
+        if r.ok != total {
+            problems.push(format!("{name}: {}/{total} requests succeeded", r.ok));
+        }
+        if r.majority_share < 0.92 {
+            problems.push(format!(
+                "{name}: {:.1} % of turns on their conversation's replica (want >= 92 %); \
+                 outcomes {:?}",
+                r.majority_share * 100.0,
+                r.outcomes
+            ));
+        }
+    }
+    match (one.hit_rate, two.hit_rate) {
+        (Some(a), Some(b)) if b >= 0.93 * a => {}
+        (a, b) => problems.push(format!(
+            "two Envoys' hit rate {b:?} is not >= 0.93x one Envoy's {a:?}"
+        )),
+    }
+    assert!(problems.is_empty(), "{}\n{table}", problems.join("\n"));
+}
