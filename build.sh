@@ -288,7 +288,7 @@ cmd_deploy_check() {
 }
 
 usage() {
-    sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in
