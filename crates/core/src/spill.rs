@@ -201,19 +201,20 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         factor: bound.factor.powf(u),
         ..*bound
     };
-    let over = x.loads.get(owner).copied().unwrap_or(0) >= ring.capacity(owner, total, &keyed);
-    if !over && !x.first_turn {
+    let owner_over =
+        x.loads.get(owner).copied().unwrap_or(0) >= ring.capacity(owner, total, &keyed);
+    if !owner_over && !x.first_turn {
         return Some(Placed {
             host: owner,
             rank: owner_rank,
             why: Why::Owner,
         });
     }
-    // Over its bound a later turn still leaves only where the reports
-    // price it (the bound's load is partly this proxy's own in-flight
-    // count, which another proxy does not see).
-    let owner_over = over;
-    let over = over && x.first_turn;
+    // Only a first turn is priced as over its bound: a later turn over it
+    // still leaves only where the reports price it as under it (the bound's
+    // load is partly this proxy's own in-flight count, which another proxy
+    // does not see).
+    let over = owner_over && x.first_turn;
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
     for &(j, rank) in cands.iter().skip(1) {

@@ -22,8 +22,8 @@
 //!
 //! Not modeled on a recording: a shape, deterministic for a seed.
 
-use super::synthetic::{Spec, ANS, QST, SYS};
-use super::{Conversation, Kind, Request, Session, Text, Workload};
+use super::synthetic::{push_chat_session, Spec, ANS, QST, SYS};
+use super::{Conversation, Text, Workload};
 use crate::rng::{seed2, Draw, Rng};
 
 /// Append the sessions of `spec` to `wl` (prompts are filled by the caller).
@@ -70,28 +70,7 @@ pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload
             }),
             turns,
         });
-        let mut reqs = Vec::with_capacity(steps);
-        let mut think = Vec::with_capacity(steps);
-        for (k, out) in outputs.into_iter().enumerate() {
-            reqs.push(wl.requests.len() as u32);
-            wl.requests.push(Request {
-                kind: Kind::Chat {
-                    conv,
-                    turn: k as u32,
-                },
-                output_tokens: out.max(1),
-                prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
-                remember: None,
-                session: s as u32,
-                turn: k as u32,
-            });
-            think.push(if k == 0 { 0.0 } else { rng.exp(spec.think) });
-        }
-        wl.sessions.push(Session {
-            start: t,
-            requests: reqs,
-            think,
-        });
+        push_chat_session(wl, (conv, s), t, outputs, (spec.think, block_tokens), rng);
         t += rng.exp(1.0 / spec.session_rate);
     }
 }

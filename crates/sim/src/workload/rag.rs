@@ -21,8 +21,8 @@
 
 use std::sync::Arc;
 
-use super::synthetic::{Spec, ANS, QST, SYS};
-use super::{Conversation, Kind, Request, Session, Text, Workload};
+use super::synthetic::{push_chat_session, Spec, ANS, QST, SYS};
+use super::{Conversation, Text, Workload};
 use crate::rng::{seed2, Draw, Rng, Zipf};
 
 const DOC: u64 = 0x646f_6375_6d65_6e74; // "document"
@@ -84,28 +84,14 @@ pub(super) fn build(spec: &Spec, seed: u64, block_tokens: u32, wl: &mut Workload
             system: (spec.system > 0).then(|| system.clone()),
             turns,
         });
-        let mut reqs = Vec::with_capacity(turns_n);
-        let mut think = Vec::with_capacity(turns_n);
-        for k in 0..turns_n {
-            reqs.push(wl.requests.len() as u32);
-            wl.requests.push(Request {
-                kind: Kind::Chat {
-                    conv,
-                    turn: k as u32,
-                },
-                output_tokens: spec.output.max(1),
-                prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
-                remember: None,
-                session: s as u32,
-                turn: k as u32,
-            });
-            think.push(if k == 0 { 0.0 } else { rng.exp(spec.think) });
-        }
-        wl.sessions.push(Session {
-            start: t,
-            requests: reqs,
-            think,
-        });
+        push_chat_session(
+            wl,
+            (conv, s),
+            t,
+            std::iter::repeat_n(spec.output, turns_n),
+            (spec.think, block_tokens),
+            rng,
+        );
         t += rng.exp(1.0 / spec.session_rate);
     }
 }

@@ -260,6 +260,42 @@ fn next_arrival(spec: &Spec, t: f64, rng: &mut Rng) -> f64 {
     t
 }
 
+/// A closed-loop chat session on conversation `conv`: one request per turn,
+/// with `outputs` its output lengths (at least 1 token), starting at `start`,
+/// an exponential think time of mean `think` (s) before every turn after the
+/// first (drawn after each turn's request, in turn order).
+pub(super) fn push_chat_session(
+    wl: &mut Workload,
+    (conv, session): (u32, usize),
+    start: f64,
+    outputs: impl IntoIterator<Item = u64>,
+    (think_mean, block_tokens): (f64, u32),
+    rng: &mut Rng,
+) {
+    let mut reqs = Vec::new();
+    let mut think = Vec::new();
+    for (k, out) in outputs.into_iter().enumerate() {
+        reqs.push(wl.requests.len() as u32);
+        wl.requests.push(Request {
+            kind: Kind::Chat {
+                conv,
+                turn: k as u32,
+            },
+            output_tokens: out.max(1),
+            prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
+            remember: None,
+            session: session as u32,
+            turn: k as u32,
+        });
+        think.push(if k == 0 { 0.0 } else { rng.exp(think_mean) });
+    }
+    wl.sessions.push(Session {
+        start,
+        requests: reqs,
+        think,
+    });
+}
+
 /// Build the workload.
 pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
     let mut rng = crate::rng::rng(seed_str(seed, &format!("synthetic:{}", spec.text)));
@@ -343,28 +379,15 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
                     system: (spec.system > 0).then(|| sys(g)),
                     turns,
                 });
-                let mut reqs = Vec::new();
-                let mut think = Vec::new();
-                for k in 0..spec.turns {
-                    reqs.push(wl.requests.len() as u32);
-                    wl.requests.push(Request {
-                        kind: Kind::Chat {
-                            conv,
-                            turn: k as u32,
-                        },
-                        output_tokens: spec.output.max(1),
-                        prompt: prefix_router_replica::Prompt::uncacheable(0, block_tokens),
-                        remember: None,
-                        session: s as u32,
-                        turn: k as u32,
-                    });
-                    think.push(if k == 0 { 0.0 } else { rng.exp(spec.think) });
-                }
-                wl.sessions.push(Session {
-                    start: t,
-                    requests: reqs,
-                    think,
-                });
+                let outputs = std::iter::repeat_n(spec.output, spec.turns);
+                push_chat_session(
+                    &mut wl,
+                    (conv, s),
+                    t,
+                    outputs,
+                    (spec.think, block_tokens),
+                    &mut rng,
+                );
                 t += rng.exp(1.0 / spec.session_rate);
             }
         }
