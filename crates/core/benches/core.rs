@@ -89,15 +89,7 @@ fn bench_extract(c: &mut Criterion) {
     g.sample_size(20)
         .warm_up_time(std::time::Duration::from_secs(1))
         .measurement_time(std::time::Duration::from_secs(3));
-    let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
-        .iter()
-        .map(|&n| (format!("plain_chat_{}KiB", n >> 10), bodies::plain_chat(n)))
-        .collect();
-    cases.extend(
-        bodies::adversarial()
-            .into_iter()
-            .map(|(n, b)| (n.to_string(), b)),
-    );
+    let cases = bodies::cases();
     for (name, body) in &cases {
         assert!(key_path(body, true, Some(16)).is_some(), "{name}");
         assert_eq!(

@@ -71,15 +71,7 @@ fn best(mut f: impl FnMut() -> u64, batches: usize) -> f64 {
 fn probe() {
     let only = std::env::var("PROBE").unwrap_or_default();
     let serde = std::env::var("PROBE_SERDE").is_ok();
-    let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
-        .iter()
-        .map(|&n| (format!("plain_chat_{}KiB", n >> 10), bodies::plain_chat(n)))
-        .collect();
-    cases.extend(
-        bodies::adversarial()
-            .into_iter()
-            .map(|(n, b)| (n.to_string(), b)),
-    );
+    let cases = bodies::cases();
     println!(
         "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "body", "bytes", "new µs", "MB/s", "scan µs", "MB/s", "serde µs", "MB/s"

@@ -122,3 +122,14 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
         ),
     ]
 }
+
+/// The measured cases, named: plain chats of 1, 8, 64 and 256 KiB, then
+/// [`adversarial`] (the throughput probe and the criterion bench share them).
+pub fn cases() -> Vec<(String, Vec<u8>)> {
+    let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
+        .iter()
+        .map(|&n| (format!("plain_chat_{}KiB", n >> 10), plain_chat(n)))
+        .collect();
+    cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
+    cases
+}
