@@ -365,27 +365,27 @@ pub fn skip_number(b: &[u8], mut i: usize) -> Res<usize> {
         _ => return fail(i, "invalid number"),
     }
     if b.get(i) == Some(&b'.') {
-        i += 1;
-        let s = i;
-        while let Some(b'0'..=b'9') = b.get(i) {
-            i += 1;
-        }
-        if i == s {
-            return fail(i, "invalid number");
-        }
+        i = digits(b, i + 1)?;
     }
     if let Some(b'e' | b'E') = b.get(i) {
         i += 1;
         if let Some(b'+' | b'-') = b.get(i) {
             i += 1;
         }
-        let s = i;
-        while let Some(b'0'..=b'9') = b.get(i) {
-            i += 1;
-        }
-        if i == s {
-            return fail(i, "invalid number");
-        }
+        i = digits(b, i)?;
+    }
+    Ok(i)
+}
+
+/// One or more digits at `i` (a fraction or an exponent); the index after.
+#[inline]
+fn digits(b: &[u8], mut i: usize) -> Res<usize> {
+    let s = i;
+    while let Some(b'0'..=b'9') = b.get(i) {
+        i += 1;
+    }
+    if i == s {
+        return fail(i, "invalid number");
     }
     Ok(i)
 }
