@@ -236,7 +236,10 @@ fn d_unreachable() -> u32 {
 
 /// The routing rule and its parameters: the priced spill
 /// ([`crate::spill`]) or the index rule ([`crate::cost`], with its prefix
-/// index, [`crate::index`] / [`crate::shared_index`]).
+/// index, [`crate::index`] / [`crate::shared_index`]). Five knobs; every
+/// other value of the rules is a documented constant (docs/design.md,
+/// "Constants") or learned: the index rule learns the prefill rate from
+/// streamed responses (gauge `prefix_router.cost.prefill_tps`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
@@ -252,12 +255,13 @@ pub struct RawCost {
     /// Allowed: `"spill"`, `"index"`, `"off"`.
     #[serde(default = "d_cost_mode")]
     pub mode: String,
-    /// `index`: hosts considered, the first this many eligible hosts under
-    /// capacity on the key's walk.
-    /// Allowed: 1..=64.
-    #[serde(default = "d_candidates")]
-    pub candidates: u32,
-    /// A replica's prefill throughput, tokens per second.
+    /// A replica's prefill throughput, tokens per second. `index`, Envoy
+    /// filter: the starting value; the rate is then learned online from
+    /// streamed responses (uncached prompt tokens / time to first byte, for
+    /// requests routed with no known work ahead of them and at least 512
+    /// uncached tokens; a moving average of the logarithm with weight 0.2,
+    /// kept within 8x of this value, shared by the workers; gauge
+    /// `prefix_router.cost.prefill_tps`).
     /// Allowed: > 0 and <= 1000000000.
     #[serde(default = "d_prefill_tps")]
     pub prefill_tokens_per_s: f64,
@@ -268,29 +272,12 @@ pub struct RawCost {
     /// Seconds a request in a replica's reported queue waits before its
     /// prefill starts. `spill`: the wait saved by leaving the owner is the
     /// queue difference x this; set it to what your replicas do, about the
-    /// prefill of a queued request. `index` with `queue = "requests"`: the
-    /// wait per request of effective load.
+    /// prefill of a queued request. `index`: others' waiting requests (the
+    /// host's fresh reported queue beyond this proxy's own requests there)
+    /// each add this to a candidate's estimated wait.
     /// Allowed: 0..=3600.
     #[serde(default = "d_service_s")]
     pub service_s: f64,
-    /// `index`: the prefix index records one hash every this many chunks
-    /// (16 x 64 bytes = 1 KiB).
-    /// Allowed: 1..=65536.
-    #[serde(default = "d_stride")]
-    pub stride_chunks: u32,
-    /// `index`: boundaries kept at every stride; deeper, the spacing
-    /// doubles each time the depth doubles (40 boundaries for a 128 KiB
-    /// prompt instead of 128), so index work grows with the log of the
-    /// prompt length; a cached prefix is credited down to a kept boundary
-    /// (at most 2/D under). 0 keeps every boundary.
-    /// Allowed: 0, or an even number up to 65536.
-    #[serde(default = "d_dense")]
-    pub dense_boundaries: u32,
-    /// `index`: most (prefix, host) entries in the simulator's in-memory
-    /// index (the filter's is bounded by `index_buckets x bucket_entries`).
-    /// Allowed: 1..=16777216.
-    #[serde(default = "d_max_entries")]
-    pub max_entries: u64,
     /// `index`: a replica's KV cache in tokens: the index forgets a host's
     /// prefixes once about this many newer uncached tokens went through it
     /// (a capacity clock per host, [`crate::index::CapacityClock`]). 0: no
@@ -298,126 +285,16 @@ pub struct RawCost {
     /// Allowed: 0..=1099511627776 (2^40).
     #[serde(default = "d_host_tokens")]
     pub host_tokens: u64,
-    /// `index`: index entries older than this are ignored, ms. 0: never.
-    /// Allowed: 0..=86400000.
-    #[serde(default)]
-    pub max_age_ms: u64,
-    /// `index`: the queue term. `tokens`: (pending prompt tokens + others'
-    /// waiting requests x `service_s` x `prefill_tokens_per_s`) /
-    /// `prefill_tokens_per_s`, where pending prompt tokens are the uncached
-    /// ones (prompt minus the prefix the index credited the chosen host
-    /// with) of the requests this router sent to the host that have not
-    /// yet produced a first token, and others' waiting requests are the
-    /// host's fresh reported queue beyond this router's own in-flight
-    /// requests there (work other proxies or clients sent). `requests`:
-    /// effective load x `service_s`. Either way the bound still counts
-    /// requests.
-    /// Allowed: `"tokens"`, `"requests"`.
-    #[serde(default = "d_cost_queue")]
-    pub queue: String,
-    /// `index`: a request stays on the candidate the index credits with the
-    /// longest cached prefix unless another candidate's estimate is lower
-    /// by more than this many seconds (moving copies the prefix into a
-    /// second cache for a smaller gain). 0: pure argmin.
-    /// Allowed: 0..=3600.
-    #[serde(default = "d_stay_margin_s")]
-    pub stay_margin_s: f64,
-    /// `index`: how equal estimates are broken. `ring`: the earlier host on
-    /// the key's walk (the owner first), so every proxy breaks them alike;
-    /// `load`: the lower effective load, then ring order. `load` spreads
-    /// new conversations over idle replicas: for one Envoy, or several that
-    /// gossip and scrape.
-    /// Allowed: `"ring"`, `"load"`.
-    #[serde(default = "d_cost_ties")]
-    pub ties: String,
-    /// `index`, Envoy filter: learn the prefill rate online from streamed
-    /// responses (uncached prompt tokens / time to first byte, for requests
-    /// routed with no known work ahead of them and at least 512 uncached
-    /// tokens; a moving average of the logarithm with weight 0.2, kept
-    /// within 8x of `prefill_tokens_per_s`, shared by the workers; gauge
-    /// `prefix_router.cost.prefill_tps`) and use it instead of
-    /// `prefill_tokens_per_s`.
-    #[serde(default)]
-    pub learn_prefill: bool,
-    /// `index` with `queue = "tokens"`: seconds each request this proxy has
-    /// in flight at a host adds to a newcomer's estimated wait there
-    /// (decode steps sharing the replica with its prefill), so new
-    /// conversations that tie on prefill spread by load. 0: off.
-    /// Allowed: 0..=3600.
-    #[serde(default = "d_inflight_s")]
-    pub inflight_s: f64,
-    /// `index`: a host whose recent load (requests, an exponential moving
-    /// average with this time constant in seconds,
-    /// [`crate::load::LoadTrend`]) is above `hot_factor` x the fleet's
-    /// mean per unit weight is "hot" and is held to a tighter bound until
-    /// it cools down (`hot_rule`). The floor lets a host with cached
-    /// prefixes hold more than its share while load is light; this takes
-    /// most of that back from a host that kept it. 0: off.
-    /// Allowed: 0..=3600.
-    #[serde(default = "d_hot_window_s")]
-    pub hot_window_s: f64,
-    /// `index`: see `hot_window_s`.
-    /// Allowed: 1..=100.
-    #[serde(default = "d_hot_factor")]
-    pub hot_factor: f64,
-    /// `index`: what a hot host is held to. `mean`: the fleet's mean
-    /// `ceil((L + 1) w / W)` for new prompts, and for prompts it holds at
-    /// least half of the pure bound `c (L + 1) w / W` or the floor less the
-    /// fleet's mean `min_capacity - (L + 1) / W` (at least half the floor),
-    /// whichever is higher, counted in this Envoy's own requests there and
-    /// applied as `hot_keep` says ([`crate::cost::HotRule`]).
-    /// `half_floor`: `max(ceil(c (L + 1) w / W), ceil(min_capacity / 2 x
-    /// w))` for new prompts, and the full floor for prompts the index
-    /// credits it with at least half of (a conversation's next turn).
-    /// Allowed: `"mean"`, `"half_floor"`.
-    #[serde(default = "d_hot_rule")]
-    pub hot_rule: String,
-    /// `index`: how the mean rule's keep bound is applied. `within`: a hot
-    /// host takes a turn only if this Envoy's requests there, with it,
-    /// stay within the bound unrounded (`own + 1 <= max(c (L + 1) w / W,
-    /// keep floor x w)`); `ceil`: while they are under the bound rounded
-    /// up, as the capacity is, which lets a hot host sit a request above
-    /// its share ([`crate::cost::HotKeep`]).
-    /// Allowed: `"within"`, `"ceil"`.
-    #[serde(default = "d_hot_keep")]
-    pub hot_keep: String,
-    /// `index`, Envoy filter: buckets of the shared-data prefix index
-    /// (`prefix_router/idx/<bucket>`).
-    /// Allowed: 1..=65536.
-    #[serde(default = "d_index_buckets")]
-    pub index_buckets: u32,
-    /// `index`, Envoy filter: (prefix hash, host, stamp) entries per
-    /// bucket, oldest evicted; shared memory <= `index_buckets x
-    /// bucket_entries x 18` bytes (590 KB by default).
-    /// Allowed: 1..=64.
-    #[serde(default = "d_bucket_entries")]
-    pub bucket_entries: u32,
 }
 
 impl Default for RawCost {
     fn default() -> Self {
         RawCost {
             mode: d_cost_mode(),
-            candidates: d_candidates(),
             prefill_tokens_per_s: d_prefill_tps(),
             bytes_per_token: d_bytes_per_token(),
             service_s: d_service_s(),
-            stride_chunks: d_stride(),
-            dense_boundaries: d_dense(),
-            max_entries: d_max_entries(),
             host_tokens: d_host_tokens(),
-            max_age_ms: 0,
-            queue: d_cost_queue(),
-            stay_margin_s: d_stay_margin_s(),
-            ties: d_cost_ties(),
-            learn_prefill: false,
-            inflight_s: d_inflight_s(),
-            hot_window_s: d_hot_window_s(),
-            hot_factor: d_hot_factor(),
-            hot_rule: d_hot_rule(),
-            hot_keep: d_hot_keep(),
-            index_buckets: d_index_buckets(),
-            bucket_entries: d_bucket_entries(),
         }
     }
 }
@@ -425,61 +302,17 @@ impl Default for RawCost {
 fn d_cost_mode() -> String {
     "spill".into()
 }
-fn d_cost_queue() -> String {
-    "tokens".into()
-}
-fn d_hot_rule() -> String {
-    "mean".into()
-}
-fn d_hot_keep() -> String {
-    "within".into()
-}
-fn d_inflight_s() -> f64 {
-    crate::cost::CostParams::default().inflight_s
-}
-fn d_cost_ties() -> String {
-    "ring".into()
-}
-fn d_hot_window_s() -> f64 {
-    crate::cost::CostParams::default().hot_window_s
-}
-
-fn d_hot_factor() -> f64 {
-    crate::cost::CostParams::default().hot_factor
-}
-
-fn d_stay_margin_s() -> f64 {
-    0.1
-}
-fn d_index_buckets() -> u32 {
-    4096
-}
-fn d_bucket_entries() -> u32 {
-    8
-}
-fn d_candidates() -> u32 {
-    6
-}
 fn d_prefill_tps() -> f64 {
-    16_000.0
+    crate::cost::CostParams::default().prefill_tokens_per_s
 }
 fn d_bytes_per_token() -> f64 {
-    4.0
+    crate::cost::CostParams::default().bytes_per_token
 }
 fn d_service_s() -> f64 {
-    0.5
-}
-fn d_stride() -> u32 {
-    16
-}
-fn d_dense() -> u32 {
-    16
-}
-fn d_max_entries() -> u64 {
-    1 << 16
+    crate::cost::CostParams::default().service_s
 }
 fn d_host_tokens() -> u64 {
-    400_000
+    crate::index::IndexConfig::default().host_tokens
 }
 
 /// Validated cost-rule settings.
@@ -496,8 +329,8 @@ pub struct CostConfig {
     pub index: crate::index::IndexConfig,
     /// The shared-data index's shape (the Envoy filter).
     pub shared: crate::shared_index::SharedIndexConfig,
-    /// `cost.learn_prefill`: learn the prefill rate from streamed
-    /// responses' time to first byte ([`crate::cost::learn_prefill_rate`]).
+    /// Learn the prefill rate from streamed responses' time to first byte
+    /// ([`crate::cost::learn_prefill_rate`]): on with the index rule.
     pub learn_prefill: bool,
 }
 
@@ -517,13 +350,6 @@ pub enum CostMode {
     Off,
 }
 
-/// Upper bound of `cost.index_buckets`.
-pub const MAX_INDEX_BUCKETS: u32 = 1 << 16;
-/// Upper bound of `cost.bucket_entries`.
-pub const MAX_BUCKET_ENTRIES: u32 = 64;
-
-/// Upper bound of `cost.max_entries`.
-pub const MAX_INDEX_ENTRIES: u64 = 1 << 24;
 
 /// The value of a string field that must be one of `options` (its name
 /// and value); otherwise an error naming the field, the value and the
@@ -554,41 +380,6 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
         ],
     )?;
     let enabled = mode == CostMode::Index;
-    let queue = one_of(
-        "cost.queue",
-        &c.queue,
-        &[
-            ("requests", crate::cost::QueueMode::Requests),
-            ("tokens", crate::cost::QueueMode::Tokens),
-        ],
-    )?;
-    let hot_rule = one_of(
-        "cost.hot_rule",
-        &c.hot_rule,
-        &[
-            ("half_floor", crate::cost::HotRule::HalfFloor),
-            ("mean", crate::cost::HotRule::Mean),
-        ],
-    )?;
-    let hot_keep = one_of(
-        "cost.hot_keep",
-        &c.hot_keep,
-        &[
-            ("within", crate::cost::HotKeep::Within),
-            ("ceil", crate::cost::HotKeep::Ceil),
-        ],
-    )?;
-    let ties = one_of(
-        "cost.ties",
-        &c.ties,
-        &[
-            ("ring", crate::cost::Ties::Ring),
-            ("load", crate::cost::Ties::Load),
-        ],
-    )?;
-    if !(1..=64).contains(&c.candidates) {
-        return Err(err("cost.candidates", c.candidates, "must be 1..=64"));
-    }
     let pos = |f: &str, v: f64, max: f64| -> Result<f64, ConfigError> {
         if v.is_finite() && v > 0.0 && v <= max {
             Ok(v)
@@ -605,90 +396,17 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             "must be >= 0 and <= 3600 (seconds)",
         ));
     }
-    if !(c.inflight_s.is_finite() && (0.0..=3600.0).contains(&c.inflight_s)) {
-        return Err(err(
-            "cost.inflight_s",
-            c.inflight_s,
-            "must be >= 0 and <= 3600 (seconds)",
-        ));
-    }
-    if !(c.hot_window_s.is_finite() && (0.0..=3600.0).contains(&c.hot_window_s)) {
-        return Err(err(
-            "cost.hot_window_s",
-            c.hot_window_s,
-            "must be >= 0 (0: off) and <= 3600 (seconds)",
-        ));
-    }
-    if !(c.hot_factor.is_finite() && (1.0..=100.0).contains(&c.hot_factor)) {
-        return Err(err(
-            "cost.hot_factor",
-            c.hot_factor,
-            "must be >= 1 and <= 100",
-        ));
-    }
-    if !(c.stay_margin_s.is_finite() && (0.0..=3600.0).contains(&c.stay_margin_s)) {
-        return Err(err(
-            "cost.stay_margin_s",
-            c.stay_margin_s,
-            "must be >= 0 and <= 3600 (seconds)",
-        ));
-    }
-    if c.dense_boundaries != 0
-        && (!c.dense_boundaries.is_multiple_of(2) || c.dense_boundaries > 65_536)
-    {
-        return Err(err(
-            "cost.dense_boundaries",
-            c.dense_boundaries,
-            "must be 0 (keep every boundary) or an even number up to 65536",
-        ));
-    }
-    if !(1..=65_536).contains(&c.stride_chunks) {
-        return Err(err(
-            "cost.stride_chunks",
-            c.stride_chunks,
-            "must be 1..=65536",
-        ));
-    }
-    if c.max_entries == 0 || c.max_entries > MAX_INDEX_ENTRIES {
-        return Err(err(
-            "cost.max_entries",
-            c.max_entries,
-            format!("must be 1..={MAX_INDEX_ENTRIES}"),
-        ));
-    }
     if c.host_tokens > 1 << 40 {
         return Err(err("cost.host_tokens", c.host_tokens, "must be <= 2^40"));
     }
-    if !(1..=MAX_INDEX_BUCKETS).contains(&c.index_buckets) {
-        return Err(err(
-            "cost.index_buckets",
-            c.index_buckets,
-            format!("must be 1..={MAX_INDEX_BUCKETS}"),
-        ));
-    }
-    if !(1..=MAX_BUCKET_ENTRIES).contains(&c.bucket_entries) {
-        return Err(err(
-            "cost.bucket_entries",
-            c.bucket_entries,
-            format!("must be 1..={MAX_BUCKET_ENTRIES}"),
-        ));
-    }
-    if c.max_age_ms > 86_400_000 {
-        return Err(err(
-            "cost.max_age_ms",
-            c.max_age_ms,
-            "must be 0 (never) ..= 86400000",
-        ));
-    }
+    // Everything else is a constant of the rules (docs/design.md, "Constants").
     let index = crate::index::IndexConfig {
-        stride_chunks: c.stride_chunks,
-        dense_boundaries: c.dense_boundaries,
         chunk_bytes,
-        max_entries: usize::try_from(c.max_entries).unwrap_or(usize::MAX),
         host_tokens: c.host_tokens,
         bytes_per_token,
-        max_age_ms: c.max_age_ms,
+        ..crate::index::IndexConfig::default()
     };
+    let shared = crate::shared_index::SharedIndexConfig::default();
     Ok(CostConfig {
         mode,
         enabled,
@@ -696,25 +414,16 @@ fn compile_cost(c: &RawCost, chunk_bytes: u32) -> Result<CostConfig, ConfigError
             prefill_tokens_per_s,
             bytes_per_token,
             service_s: c.service_s,
-            candidates: c.candidates,
-            queue,
-            stay_margin_s: c.stay_margin_s,
-            ties,
-            inflight_s: c.inflight_s,
-            hot_window_s: c.hot_window_s,
-            hot_factor: c.hot_factor,
-            hot_rule,
-            hot_keep,
+            ..crate::cost::CostParams::default()
         },
         index,
         shared: crate::shared_index::SharedIndexConfig {
-            buckets: c.index_buckets,
-            bucket_entries: c.bucket_entries,
             stride_bytes: index.stride_bytes(),
-            dense_boundaries: c.dense_boundaries,
-            max_age_ms: c.max_age_ms,
+            dense_boundaries: index.dense_boundaries,
+            max_age_ms: index.max_age_ms,
+            ..shared
         },
-        learn_prefill: c.learn_prefill,
+        learn_prefill: enabled,
     })
 }
 
@@ -2256,12 +1965,8 @@ mod tests {
         let c = Config::from_json(br#"{"hosts":[{"address":"127.0.0.1:8000"}]}"#).unwrap();
         assert_eq!(c.capacity_factor, 1.25);
         assert_eq!(c.min_capacity, 8.0);
-        assert_eq!(c.cost.params.hot_window_s, 20.0);
-        assert_eq!(c.cost.params.hot_factor, 1.12);
-        assert_eq!(c.cost.params.hot_rule, crate::cost::HotRule::Mean);
-        assert_eq!(c.cost.params.inflight_s, 0.1);
+        assert_eq!(c.cost.params, crate::cost::CostParams::default());
         assert_eq!(c.load.report_fade_ms, 2000);
-        assert_eq!(c.cost.params.ties, crate::cost::Ties::Ring);
         assert_eq!(c.vnodes, 100);
         assert_eq!(c.chunk_bytes, 64);
         assert_eq!(c.hosts[0].name, "127.0.0.1:8000");
@@ -2394,45 +2099,30 @@ mod tests {
             crate::shared_index::SharedIndexConfig::default()
         );
         let c = Config::from_json(
-            br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"index","candidates":4,"service_s":0.25,"stride_chunks":8}}"#,
+            br#"{"hosts":[{"address":"127.0.0.1:1"}],"chunk_bytes":128,"cost":{"mode":"index","service_s":0.25,"host_tokens":1000,"prefill_tokens_per_s":8000}}"#,
         )
         .unwrap();
         assert!(c.cost.enabled);
-        assert_eq!(c.cost.params.candidates, 4);
+        assert!(c.cost.learn_prefill, "the index rule learns the prefill rate");
         assert_eq!(c.cost.params.service_s, 0.25);
-        assert_eq!(c.cost.index.stride_bytes(), 1024);
-        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Tokens);
-        let c = Config::from_json(
-            br#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"index","queue":"requests"}}"#,
-        )
-        .unwrap();
-        assert_eq!(c.cost.params.queue, crate::cost::QueueMode::Requests);
+        assert_eq!(c.cost.params.prefill_tokens_per_s, 8000.0);
+        assert_eq!(c.cost.index.host_tokens, 1000);
+        // 16 chunks of 128 bytes: the index's stride follows chunk_bytes.
+        assert_eq!(c.cost.index.stride_bytes(), 2048);
+        assert_eq!(c.cost.shared.stride_bytes, 2048);
         assert_eq!(c.cost.params.candidates, 6);
         for (json, field) in [
             (r#"{"mode":"maybe"}"#, "cost.mode"),
-            (r#"{"queue":"bytes"}"#, "cost.queue"),
-            (r#"{"candidates":0}"#, "cost.candidates"),
             (r#"{"prefill_tokens_per_s":0}"#, "cost.prefill_tokens_per_s"),
+            (r#"{"prefill_tokens_per_s":2e9}"#, "cost.prefill_tokens_per_s"),
             (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
-            (r#"{"stay_margin_s":-0.1}"#, "cost.stay_margin_s"),
-            (r#"{"stay_margin_s":1e9}"#, "cost.stay_margin_s"),
-            (r#"{"ties":"random"}"#, "cost.ties"),
-            (r#"{"inflight_s":-1}"#, "cost.inflight_s"),
-            (r#"{"hot_window_s":-1}"#, "cost.hot_window_s"),
-            (r#"{"hot_window_s":1e9}"#, "cost.hot_window_s"),
-            (r#"{"hot_factor":0.9}"#, "cost.hot_factor"),
-            (r#"{"hot_factor":1e9}"#, "cost.hot_factor"),
-            (r#"{"hot_rule":"none"}"#, "cost.hot_rule"),
-            (r#"{"hot_keep":"floor"}"#, "cost.hot_keep"),
-            (r#"{"stride_chunks":0}"#, "cost.stride_chunks"),
-            (r#"{"dense_boundaries":3}"#, "cost.dense_boundaries"),
-            (r#"{"max_entries":0}"#, "cost.max_entries"),
-            (r#"{"max_age_ms":100000000000}"#, "cost.max_age_ms"),
-            (r#"{"index_buckets":0}"#, "cost.index_buckets"),
-            (r#"{"index_buckets":70000}"#, "cost.index_buckets"),
-            (r#"{"bucket_entries":0}"#, "cost.bucket_entries"),
-            (r#"{"bucket_entries":65}"#, "cost.bucket_entries"),
+            (r#"{"service_s":1e9}"#, "cost.service_s"),
+            (r#"{"host_tokens":2000000000000}"#, "cost.host_tokens"),
+            // Knobs removed in favour of constants are unknown fields.
+            (r#"{"ties":"load"}"#, "cost.ties"),
+            (r#"{"hot_rule":"mean"}"#, "cost.hot_rule"),
+            (r#"{"learn_prefill":true}"#, "cost.learn_prefill"),
         ] {
             let e = bad(&format!(
                 r#"{{"hosts":[{{"address":"127.0.0.1:1"}}],"cost":{json}}}"#
@@ -2442,13 +2132,13 @@ mod tests {
         }
         // A value out of a fixed set names the field, the value and every
         // value allowed.
-        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"hot_keep":"floor"}}"#);
+        let e = bad(r#"{"hosts":[{"address":"127.0.0.1:1"}],"cost":{"mode":"fast"}}"#);
         assert_eq!(
             (e.field.as_str(), e.value.as_str(), e.reason.as_str()),
             (
-                "cost.hot_keep",
-                "\"floor\"",
-                "must be \"within\" or \"ceil\""
+                "cost.mode",
+                "\"fast\"",
+                "must be \"spill\", \"index\" or \"off\""
             )
         );
         assert_eq!(
@@ -2486,8 +2176,8 @@ mod tests {
                 format!("{p} `vnodes` = 1.5: must be an integer 0..=4294967295"),
             ),
             (
-                format!(r#"{{{H},"cost":{{"candidates":99999999999}}}}"#),
-                format!("{p} `cost.candidates` = 99999999999: must be an integer 0..=4294967295"),
+                format!(r#"{{{H},"cost":{{"host_tokens":-1}}}}"#),
+                format!("{p} `cost.host_tokens` = -1: must be an integer 0..=18446744073709551615"),
             ),
             (
                 r#"{"hosts":[{"address":"127.0.0.1:1","weight":"2"}]}"#.to_string(),
@@ -2848,7 +2538,6 @@ mod example_files {
         assert_eq!(full.api_for_path("/v1/messages"), Some(Api::Messages));
         let cost = Config::from_json(include_bytes!("../../../examples/filter-cost.json")).unwrap();
         assert!(cost.cost.enabled);
-        assert_eq!(cost.cost.params.queue, crate::cost::QueueMode::Tokens);
         assert_eq!(cost.cost.params.candidates, 6);
         let scrape = cost
             .scrape

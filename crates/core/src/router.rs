@@ -887,16 +887,16 @@ mod tests {
         cost_router_with(n, &format!(r#""mode":"{mode}""#))
     }
 
-    /// `n` hosts, `cost` = `{<fields>, "stride_chunks": 1}`.
+    /// `n` hosts, `cost` = `{<fields>}`, the index's stride one chunk.
     fn cost_router_with(n: usize, fields: &str) -> Router {
         let hosts: Vec<String> = (0..n)
             .map(|i| format!(r#"{{"address":"127.0.0.1:{}"}}"#, 18001 + i))
             .collect();
-        let json = format!(
-            r#"{{"hosts":[{}],"cost":{{{fields},"stride_chunks":1}}}}"#,
-            hosts.join(",")
-        );
-        Router::new(Config::from_json(json.as_bytes()).unwrap())
+        let json = format!(r#"{{"hosts":[{}],"cost":{{{fields}}}}}"#, hosts.join(","));
+        let mut cfg = Config::from_json(json.as_bytes()).unwrap();
+        cfg.cost.index.stride_chunks = 1;
+        cfg.cost.shared.stride_bytes = cfg.cost.index.stride_bytes();
+        Router::new(cfg)
     }
 
     #[test]
@@ -1051,23 +1051,10 @@ mod tests {
             matches!(d, Decision::Routed { host, skipped: 1, moved: true, .. } if host == walk[1])
         );
         // A long queue there outweighs the ~1,000 cached tokens (0.07 s):
-        // 3 requests' worth of prefill ahead (the default token queue) ...
+        // 3 requests' worth of prefill ahead.
         let mut busy = idle.clone();
         busy[walk[1]].inflight = 3;
         busy[walk[1]].pending_prefill_tokens = 3 * 2_000;
-        let (d, _) = decide_ix(
-            &r,
-            Api::ChatCompletions,
-            body.as_bytes(),
-            None,
-            &busy,
-            &ix,
-            2,
-        );
-        assert!(matches!(d, Decision::Routed { host, .. } if host == owner));
-        // ... or 3 requests in flight with `cost.queue: requests`.
-        let r = cost_router_with(4, r#""mode":"index","queue":"requests""#);
-        busy[walk[1]].pending_prefill_tokens = 0;
         let (d, _) = decide_ix(
             &r,
             Api::ChatCompletions,
@@ -1082,10 +1069,10 @@ mod tests {
 
     #[test]
     fn token_queue_sees_reported_queues() {
-        // cost.queue = tokens: the owner's reported queue (work this router
+        // The owner's reported queue (work this router
         // did not send) is priced at service_s per request and moves a new
         // conversation; without the report the owner keeps it.
-        let r = cost_router_with(4, r#""mode":"index","queue":"tokens""#);
+        let r = cost_router(4, "index");
         let ix = r.new_index();
         let body = chat(&"new conversation ".repeat(200), 1);
         let idle = vec![HostLoad::default(); 4];
@@ -1296,8 +1283,9 @@ mod tests {
                 weight: None,
             })
             .collect();
-        raw.cost.hot_window_s = 0.0;
-        let off = Router::new(raw.compile().unwrap());
+        let mut cfg = raw.compile().unwrap();
+        cfg.cost.params.hot_window_s = 0.0;
+        let off = Router::new(cfg);
         let mut fresh = vec![HostLoad::default(); 3];
         fresh[0].inflight = 6;
         off.track_recent(&mut LoadTrend::new(), &mut fresh, 1_000);

@@ -741,6 +741,9 @@ fn docs_config_md_is_generated_from_the_config_structs() {
     let (md, rows) = generate(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     let cost = rows.iter().filter(|r| r.path.starts_with("cost.")).count();
     println!("{} fields; the cost section lists {cost}", rows.len());
+    // Issue 19: at most five cost knobs; the rules' other values are
+    // constants (docs/design.md) or learned.
+    assert!(cost <= 5, "the cost section lists {cost} knobs (at most 5)");
     let path = repo_root().join("docs/config.md");
     if std::env::var_os(BLESS).is_some() {
         std::fs::write(&path, &md).unwrap();
@@ -774,7 +777,7 @@ fn every_field_the_filter_reads_is_in_the_reference() {
         "health.cooldown_ms",
         "scrape.cluster",
         "cost.mode",
-        "cost.bucket_entries",
+        "cost.host_tokens",
         "gossip.name",
     ] {
         assert!(paths.contains(&p), "{p} missing from {paths:?}");
@@ -999,5 +1002,5 @@ fn allowed_ranges_and_values_are_what_the_validation_does() {
     }
     println!("{checked} fields checked against the validation");
     // Most of the constrained fields are checked this way.
-    assert!(checked >= 30, "only {checked} fields checked");
+    assert!(checked >= 20, "only {checked} fields checked");
 }

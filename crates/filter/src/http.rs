@@ -74,7 +74,7 @@ pub struct Http {
     /// Cost rule with `queue = tokens`: address and prompt tokens this
     /// request holds in the shared pending-prefill count.
     pending: Option<(String, u64)>,
-    /// `cost.learn_prefill`: (chosen host, uncached tokens, routing time,
+    /// The index rule's prefill learning: (chosen host, uncached tokens, routing time,
     /// work known ahead of it there) for the prefill-rate sample taken at
     /// the response headers.
     learn: Option<(usize, u64, u64, u64)>,
@@ -283,7 +283,7 @@ impl Http {
     }
 
     /// The cost parameters, with the learned prefill rate when
-    /// `cost.learn_prefill` is on and one was learned.
+    /// the index rule is on and a rate was learned.
     fn cost_params(&self) -> cost::CostParams {
         let cfg = self.st.router.config();
         let mut params = cfg.cost.params;
@@ -605,7 +605,7 @@ impl Http {
 
     /// Cost rule: record this request's chain under the host that served
     /// it (2xx responses only; at most once).
-    /// `cost.learn_prefill`: a streamed 2xx response from the chosen host
+    /// The index rule: a streamed 2xx response from the chosen host
     /// whose request had no work ahead of it is a prefill-rate sample (its
     /// headers come with the first token).
     fn learn_prefill(&mut self) {

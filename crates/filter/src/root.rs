@@ -43,7 +43,7 @@ pub struct State {
     /// may still be running).
     pub memory_reported: Rc<std::cell::Cell<u64>>,
     /// Each host's recent load as this VM sees it at its decisions
-    /// (`cost.hot_window_s`; every VM reads the same shared loads).
+    /// (the index rule's hot window; every VM reads the same shared loads).
     pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
     /// `gossip.peers`: observations this VM learned and has not sent yet.
     pub outbox: std::cell::RefCell<prefix_router_core::gossip::Outbox>,

@@ -12,31 +12,29 @@
 //! proxy's in-flight count, the replica's reported `num_requests_waiting`).
 //!
 //! Options: everything `prefix-router` takes (`mode`, `c`, `min_capacity`,
-//! ...), plus `candidates` (6), `service_s` (0.5), `prefill_tps` (16000),
-//! `stride` (index stride in chunks, 16), `dense` (boundaries kept before
-//! thinning, 16; 0 keeps all), `host_tokens` (default: the replicas' KV
-//! cache, `--cache-tokens`, as the README tells an operator to set it; 0 =
-//! off; the index forgets by the filter's capacity clock,
-//! `PrefixIndex::take_in`), `host_frac` (without `host_tokens`, that share
-//! of the KV cache, 1),
-//! `max_entries` (65536), `queue` (`tokens` | `requests`, see
-//! `prefix_router_core::cost`), `stay` (`cost.stay_margin_s`, 0.1),
-//! `inflight_s` (`cost.inflight_s`, 0.1), `hot_window_s` and `hot_factor`
-//! (`cost.hot_window_s`, 20, and `cost.hot_factor`, 1.12: the hot-host rule,
-//! each proxy keeping its own `LoadTrend` of the loads it sees, as each
-//! filter VM does), `hot_rule` (`cost.hot_rule`, `mean` | `half_floor`;
-//! the earlier default is `hot_rule=half_floor,hot_window_s=10,hot_factor=1.1,inflight_s=0`),
-//! `hot_keep` (`cost.hot_keep`, `within` | `ceil`; `ceil` is the mean
-//! rule as it was before `within`), `learn=1` (`cost.learn_prefill`:
-//! learn the prefill rate from each request's time to first token with
-//! the core's `learn_prefill_rate`, as the filter does from streamed
-//! responses; JSON `learned_prefill_tps`), `gossip_ms=D` (index gossip,
-//! the filter's `gossip`: each observation this proxy makes is encoded with
-//! the core's `gossip` codec and reaches every other proxy D ms later, which
-//! records it as its own; the filter sends a batch every `interval_ms`, so
-//! D stands for half that plus the network), and the experiment
-//! `pending=prompt` (count whole prompts as pending prefill, not their
-//! uncached part). Defaults are the core's `cost` defaults.
+//! ...); the filter's `cost` knobs `service_s` (0.5), `prefill_tps`
+//! (`cost.prefill_tokens_per_s`, 16000), `host_tokens` (default: the
+//! replicas' KV cache, `--cache-tokens`, as the README tells an operator
+//! to set it; 0 = off; the index forgets by the filter's capacity clock,
+//! `PrefixIndex::take_in`) and `host_frac` (without `host_tokens`, that
+//! share of the KV cache, 1); `learn=0|1` (1, as the filter: learn the
+//! prefill rate from each request's time to first token with the core's
+//! `learn_prefill_rate`; JSON `learned_prefill_tps`); `gossip_ms=D` (index
+//! gossip, the filter's `gossip`: each observation this proxy makes is
+//! encoded with the core's `gossip` codec and reaches every other proxy D
+//! ms later, which records it as its own; the filter sends a batch every
+//! `interval_ms`, so D stands for half that plus the network).
+//!
+//! Research options for the rule's constants, which the filter does not
+//! expose (defaults are the core's: `prefix_router_core::cost::CostParams`,
+//! `prefix_router_core::index::IndexConfig`): `candidates` (6), `stride`
+//! (index stride in chunks, 16), `dense` (boundaries kept before thinning,
+//! 16; 0 keeps all), `max_entries` (65536), `queue` (`tokens` |
+//! `requests`), `stay` (0.1 s), `inflight_s` (0.1), `hot_window_s` and
+//! `hot_factor` (20, 1.12: the hot-host rule, each proxy keeping its own
+//! `LoadTrend`), `hot_rule` (`mean` | `half_floor`), `hot_keep` (`within` |
+//! `ceil`), and `pending=prompt` (count whole prompts as pending prefill,
+//! not their uncached part).
 //!
 //! With `queue=tokens` the policy tracks, per host, the uncached prompt
 //! tokens (canonical prompt bytes minus the prefix the index credited the
@@ -104,25 +102,28 @@ pub struct Params {
 impl Params {
     pub(crate) fn parse(opts: &[(String, String)]) -> Result<Params, SpecError> {
         let d = prefix_router_core::config::RawCost::default();
+        let c = prefix_router_core::cost::CostParams::default();
+        let ix = prefix_router_core::index::IndexConfig::default();
         let mut p = Params {
             base: prefix_router::Params::default(),
-            candidates: d.candidates,
+            candidates: c.candidates,
             service_s: d.service_s,
             prefill_tps: d.prefill_tokens_per_s,
-            stride_chunks: d.stride_chunks,
-            dense_boundaries: d.dense_boundaries,
+            stride_chunks: ix.stride_chunks,
+            dense_boundaries: ix.dense_boundaries,
             host_tokens: None,
             host_frac: DEFAULT_HOST_FRAC,
-            max_entries: d.max_entries,
-            queue: d.queue,
-            stay_margin_s: d.stay_margin_s,
-            ties: d.ties.clone(),
-            inflight_s: d.inflight_s,
-            hot_window_s: d.hot_window_s,
-            hot_factor: d.hot_factor,
-            hot_rule: d.hot_rule.clone(),
-            hot_keep: prefix_router_core::cost::HotKeep::default(),
-            learn_prefill: d.learn_prefill,
+            max_entries: ix.max_entries as u64,
+            queue: "tokens".into(),
+            stay_margin_s: c.stay_margin_s,
+            ties: "ring".into(),
+            inflight_s: c.inflight_s,
+            hot_window_s: c.hot_window_s,
+            hot_factor: c.hot_factor,
+            hot_rule: "mean".into(),
+            hot_keep: c.hot_keep,
+            // The filter learns the prefill rate with the index rule.
+            learn_prefill: true,
             pending_whole_prompt: false,
             load_gossip_ms: None,
             gossip_ms: None,
@@ -191,37 +192,78 @@ impl Params {
         let base = self.base.config(hosts)?;
         let mut raw = prefix_router_core::config::RawConfig::default_without_hosts();
         raw.cost.mode = "index".into();
-        raw.cost.candidates = self.candidates;
         raw.cost.service_s = self.service_s;
         raw.cost.prefill_tokens_per_s = self.prefill_tps;
-        raw.cost.stride_chunks = self.stride_chunks;
-        raw.cost.dense_boundaries = self.dense_boundaries;
         raw.cost.host_tokens = self.host_tokens.unwrap_or(raw.cost.host_tokens);
-        raw.cost.max_entries = self.max_entries;
-        raw.cost.queue = self.queue.clone();
-        raw.cost.stay_margin_s = self.stay_margin_s;
-        raw.cost.ties = self.ties.clone();
-        raw.cost.inflight_s = self.inflight_s;
-        raw.cost.hot_window_s = self.hot_window_s;
-        raw.cost.hot_factor = self.hot_factor;
-        raw.cost.hot_rule = self.hot_rule.clone();
-        raw.cost.hot_keep = match self.hot_keep {
-            prefix_router_core::cost::HotKeep::Within => "within",
-            prefix_router_core::cost::HotKeep::Ceil => "ceil",
-        }
-        .into();
-        raw.cost.learn_prefill = self.learn_prefill;
         raw.chunk_bytes = base.chunk_bytes as u32;
         raw.hosts = vec![prefix_router_core::config::RawHost {
             address: "127.0.0.1:1".into(),
             name: None,
             weight: None,
         }];
-        let cost = raw
+        let mut cost = raw
             .compile()
             .map_err(|e| SpecError(format!("prefix-router-cost: {e}")))?
             .cost;
+        // The rules' constants, which the filter does not let an operator
+        // change (`cost` has five knobs): the simulator varies them to
+        // measure the alternatives (BENCHMARKS.md, "Constants").
+        self.override_constants(&mut cost)?;
         Ok(Config { cost, ..base })
+    }
+
+    fn override_constants(
+        &self,
+        cost: &mut prefix_router_core::config::CostConfig,
+    ) -> Result<(), SpecError> {
+        use prefix_router_core::cost::{HotRule, QueueMode, Ties};
+        let bad = |what: &str| SpecError(format!("prefix-router-cost: {what}"));
+        let unit = |v: f64, lo: f64| v.is_finite() && v >= lo && v <= 3600.0;
+        if !(1..=64).contains(&self.candidates) {
+            return Err(bad("candidates: must be 1..=64"));
+        }
+        if !(1..=65_536).contains(&self.stride_chunks) {
+            return Err(bad("stride: must be 1..=65536"));
+        }
+        if self.dense_boundaries % 2 != 0 || self.dense_boundaries > 65_536 {
+            return Err(bad("dense: must be 0 or an even number up to 65536"));
+        }
+        if self.max_entries == 0 || self.max_entries > 1 << 24 {
+            return Err(bad("max_entries: must be 1..=2^24"));
+        }
+        if !(unit(self.stay_margin_s, 0.0) && unit(self.inflight_s, 0.0)) {
+            return Err(bad("stay / inflight_s: must be 0..=3600"));
+        }
+        if !(unit(self.hot_window_s, 0.0) && unit(self.hot_factor, 1.0)) {
+            return Err(bad("hot_window_s: 0..=3600, hot_factor: 1..=3600"));
+        }
+        let p = &mut cost.params;
+        p.candidates = self.candidates;
+        p.stay_margin_s = self.stay_margin_s;
+        p.inflight_s = self.inflight_s;
+        p.hot_window_s = self.hot_window_s;
+        p.hot_factor = self.hot_factor;
+        p.hot_keep = self.hot_keep;
+        p.queue = match self.queue.as_str() {
+            "tokens" => QueueMode::Tokens,
+            "requests" => QueueMode::Requests,
+            _ => return Err(bad("queue: expected tokens or requests")),
+        };
+        p.ties = match self.ties.as_str() {
+            "ring" => Ties::Ring,
+            "load" => Ties::Load,
+            _ => return Err(bad("ties: expected ring or load")),
+        };
+        p.hot_rule = match self.hot_rule.as_str() {
+            "mean" => HotRule::Mean,
+            "half_floor" => HotRule::HalfFloor,
+            _ => return Err(bad("hot_rule: expected mean or half_floor")),
+        };
+        cost.index.stride_chunks = self.stride_chunks;
+        cost.index.dense_boundaries = self.dense_boundaries;
+        cost.index.max_entries = usize::try_from(self.max_entries).unwrap_or(usize::MAX);
+        cost.learn_prefill = self.learn_prefill;
+        Ok(())
     }
 }
 
@@ -537,7 +579,7 @@ mod tests {
         let p = Params::parse(&opts(&[("queue", "requests")])).unwrap();
         assert_eq!(p.config(4).unwrap().cost.params.queue, QueueMode::Requests);
         let e = Params::parse(&opts(&[("queue", "bytes")])).unwrap_err();
-        assert!(e.0.contains("cost.queue"), "{}", e.0);
+        assert!(e.0.contains("queue: expected"), "{}", e.0);
     }
 
     #[test]
