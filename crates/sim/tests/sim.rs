@@ -435,8 +435,9 @@ fn the_prefill_rate_is_learned_from_first_tokens() {
         (high / low - 1.0).abs() < 0.1,
         "{high} vs {low}: the start should not matter"
     );
-    // Without `learn` nothing is reported.
-    let plain = PolicySpec::parse("prefix-router-cost:prefill_tps=32000").expect("spec");
+    // Learning is the default (as in the filter); `learn=0` turns it off
+    // and nothing is reported.
+    let plain = PolicySpec::parse("prefix-router-cost:prefill_tps=32000,learn=0").expect("spec");
     assert_eq!(
         simulate(&wl, &plain, &c).expect("run").learned_prefill_tps,
         None
