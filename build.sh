@@ -172,9 +172,9 @@ cmd_test() {
     cmd_validate
     cmd_native
 
-    step "test: test-only filters: crates/testbed (FAIL_OPEN test), prefix-router with feature test-trap (FAIL_RELOAD test; its own target dir)"
+    step "test: test-only filters: crates/testbed (FAIL_OPEN test), prefix-router with features test-trap, test-one-bucket (FAIL_RELOAD and shared-index CAS tests; its own target dir)"
     cargo build --release --target wasm32-wasip1 -p prefix-router-testbed
-    cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap \
+    cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap,test-one-bucket \
         --target-dir "$ROOT/target/test-trap"
 
     step "test: end-to-end (Envoy + prefix_router.wasm + backend simulators on loopback)"

@@ -5,7 +5,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
-//! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N] [--queue Q]
+//! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
 //!                         [--cost-patch JSON]
 //! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
 //! ```
@@ -301,9 +301,6 @@ struct SpikeArgs {
     #[arg(long, value_name = "N", default_value_t = SpikeOptions::default().loopers,
           value_parser = at_least_one)]
     loopers: usize,
-    /// The filter's cost.queue: tokens or requests
-    #[arg(long, value_name = "Q", default_value_t = SpikeOptions::default().queue)]
-    queue: String,
     /// `cost` fields merged into the second run, e.g. '{"mode": "index"}'
     #[arg(long, value_name = "JSON", value_parser = json_object)]
     cost_patch: Option<serde_json::Map<String, serde_json::Value>>,
@@ -550,7 +547,6 @@ fn spike(args: &SpikeArgs) -> Result<(), String> {
         doc_bytes: args.doc_bytes,
         new_bytes: args.new_bytes,
         loopers: args.loopers,
-        queue: args.queue.clone(),
         cost_patch: args.cost_patch.clone().unwrap_or_default(),
         ..SpikeOptions::default()
     };

@@ -199,14 +199,11 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             },
         ),
         (
-            // The index rule (`cost.mode: index`), recording every index boundary (no
-            // thinning of deep boundaries): shared-data index lookup and writes.
-            "prefix-router-cost-all",
+            // The index rule (`cost.mode: index`): shared-data index lookup and writes.
+            "prefix-router-index",
             EnvoyOptions {
                 mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Patched(
-                    serde_json::json!({"cost": {"mode": "index", "dense_boundaries": 0}}),
-                ),
+                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "index"}})),
                 concurrency: 1,
                 log_level: "warn".into(),
                 ..EnvoyOptions::default()

@@ -101,14 +101,15 @@ pub fn filter_wasm() -> Result<PathBuf> {
     )
 }
 
-/// The filter built with feature `test-trap` (traps on `x-prefix-router-test-trap`):
+/// The filter built with features `test-trap` (traps on `x-prefix-router-test-trap`) and
+/// `test-one-bucket` (a one-bucket shared index):
 /// `$PREFIX_ROUTER_TRAP_WASM`, else `<target>/test-trap/wasm32-wasip1/release/prefix_router.wasm`.
 pub fn trap_wasm() -> Result<PathBuf> {
     first_existing(
         "PREFIX_ROUTER_TRAP_WASM",
         vec![target_dir().join("test-trap/wasm32-wasip1/release/prefix_router.wasm")],
-        "prefix-router filter built with feature test-trap (.wasm)",
-        "run `cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap --target-dir target/test-trap` (./build.sh test does)",
+        "prefix-router filter built with features test-trap,test-one-bucket (.wasm)",
+        "run `cargo build --release --target wasm32-wasip1 -p prefix-router --features test-trap,test-one-bucket --target-dir target/test-trap` (./build.sh test does)",
     )
 }
 

@@ -61,11 +61,8 @@ pub struct SpikeOptions {
     pub new_bytes: usize,
     /// Clients keeping the spiked replica busy.
     pub loopers: usize,
-    /// `cost.queue`: `"tokens"` (default, the filter's) or `"requests"`.
-    pub queue: String,
-    /// Other `cost` fields of the cost run (e.g. the earlier default's
-    /// `{"hot_rule": "half_floor", ...}`), merged over the scenario's; empty by
-    /// default.
+    /// Other `cost` fields of the cost run (e.g. `{"mode": "index"}`),
+    /// merged over the scenario's; empty by default.
     pub cost_patch: serde_json::Map<String, Value>,
 }
 
@@ -78,7 +75,6 @@ impl Default for SpikeOptions {
             doc_bytes: 64 * 1024,
             new_bytes: 2 * 1024,
             loopers: 7,
-            queue: "tokens".to_string(),
             cost_patch: serde_json::Map::new(),
         }
     }
@@ -103,8 +99,6 @@ pub struct Measured {
 #[derive(Debug, Clone)]
 pub struct SpikeResult {
     pub cost: bool,
-    /// `cost.queue` of the run.
-    pub queue: String,
     /// [`SpikeOptions::cost_patch`] of the run.
     pub cost_patch: serde_json::Map<String, Value>,
     /// The replica that got the queue.
@@ -163,10 +157,9 @@ fn measured(conversation: usize, r: &RequestRecord) -> Measured {
 }
 
 /// The filter JSON patch of a run: `cost_patch` is merged into `cost`.
-pub fn filter_patch(cost: bool, queue: &str, cost_patch: &serde_json::Map<String, Value>) -> Value {
+pub fn filter_patch(cost: bool, cost_patch: &serde_json::Map<String, Value>) -> Value {
     let mut c = json!({
         "mode": if cost { "spill" } else { "off" },
-        "queue": queue,
         "prefill_tokens_per_s": 32000.0,
         "service_s": 0.05
     });
@@ -199,7 +192,7 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(filter_patch(opts.cost, &opts.queue, &opts.cost_patch)),
+            filter: FilterConfig::Patched(filter_patch(opts.cost, &opts.cost_patch)),
             ..EnvoyOptions::default()
         }),
     })?;
@@ -289,7 +282,6 @@ pub fn run(opts: &SpikeOptions) -> Result<SpikeResult> {
     }
     Ok(SpikeResult {
         cost: opts.cost,
-        queue: opts.queue.clone(),
         cost_patch: opts.cost_patch.clone(),
         spiked,
         old_homes,

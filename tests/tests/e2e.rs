@@ -435,9 +435,9 @@ fn bad_filter_config_is_refused_and_named() {
         ),
         ("empty hosts", json!({"hosts": []}), "hosts"),
         (
-            "cost queue mode bogus",
-            json!({"cost": {"mode": "index", "queue": "bogus"}}),
-            "cost.queue",
+            "a cost knob removed in favour of a constant (issue 19)",
+            json!({"cost": {"mode": "index", "ties": "load"}}),
+            "cost.ties",
         ),
         // Issue 21's validation gaps: each refused, the log naming the field and the value.
         (
@@ -741,13 +741,8 @@ fn passive_health_ejects_a_dead_replica() {
     let mut lab = lab(
         "e2e-health",
         EnvoyMode::PrefixRouter,
-        // The hot rule off: the retried requests add load to a live replica, and the hot rule
-        // could then move a key whose replica lives (this test is about health alone).
         // Default thresholds (5 failures, 2 unreachable tries): the two retried tries eject it.
-        FilterConfig::Patched(json!({
-            "health": {"cooldown_ms": 60000},
-            "cost": {"hot_window_s": 0}
-        })),
+        FilterConfig::Patched(json!({"health": {"cooldown_ms": 60000}})),
     );
     let agent = http::agent(Duration::from_secs(30));
     let keys: Vec<String> = (0..16)
@@ -953,39 +948,7 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
         "{}",
         prefix_router_metrics(&lab)
     );
-    drop(lab);
-
-    // The token-aware queue term: pending prefill tokens in shared data, same affinity.
-    let lab = self::lab(
-        "e2e-cost-tokens",
-        EnvoyMode::PrefixRouter,
-        FilterConfig::Patched(json!({"cost": {"mode": "index", "queue": "tokens"}})),
-    );
-    for i in 0..4 {
-        let mut h = conversation_start("cost-tokens", i);
-        let mut seen = Vec::new();
-        for t in 0..3 {
-            let r = chat_turn(
-                &agent,
-                &lab,
-                &mut h,
-                &format!("Token question {t} for {i}?"),
-            );
-            assert!(r.ok(), "tokens: conversation {i} turn {t} failed: {r:?}");
-            seen.push(r.backend.clone().unwrap_or_default());
-        }
-        assert!(
-            seen.iter().all(|b| *b == seen[0]),
-            "tokens: conversation {i} moved between replicas: {seen:?}"
-        );
-    }
     assert!(filter_counter(&lab, &["prefix_router", "index", "observed"]) > 0.0);
-    assert_eq!(
-        filter_counter(&lab, &["prefix_router", "host_errors"]),
-        0.0,
-        "{}",
-        prefix_router_metrics(&lab)
-    );
 }
 
 /// The decision header's `cached=` field (cost rule): prefix bytes the shared index believed
@@ -1205,7 +1168,7 @@ fn a_flushed_cache_is_detected_from_its_hits_and_forgotten() {
 }
 
 // 14. Memory: 64 replicas and the shared prefix index filled to its bound; the index's bytes
-//     never exceed index_buckets x bucket_entries x 18 and the VMs' linear memory stays under
+//     never exceed its 4,096 buckets x 8 entries x 18 bytes and the VMs' linear memory stays under
 //     the figure documented in the README.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
@@ -1221,10 +1184,9 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            // Every boundary recorded (no thinning), so a few prompts fill the index; no
-            // per-host capacity horizon: this test is about the buckets' bound.
+            // No per-host capacity horizon: this test is about the buckets' bound.
             filter: FilterConfig::Patched(json!({
-                "cost": {"mode": "index", "dense_boundaries": 0, "host_tokens": 0}
+                "cost": {"mode": "index", "host_tokens": 0}
             })),
             ..EnvoyOptions::default()
         }),
@@ -1233,14 +1195,13 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
     assert_eq!(footprint, (4096 * 8 * 18) as f64);
     let agent = http::agent(Duration::from_secs(60));
     let url = ok(lab.envoy()).url("/v1/completions");
-    // Unique 512 KiB prompts: 512 index boundaries each; 160 of them are ~20 observations per
-    // bucket, enough to fill every bucket.
+    // Unique 16 KiB prompts: 16 index boundaries each (all of them kept: thinning starts
+    // deeper), ~13 observations per bucket after 3,500 of them, enough to fill every bucket.
     let mut served = std::collections::BTreeSet::new();
-    let mut used = 0.0;
-    for i in 0..160u64 {
-        let mut prompt = String::with_capacity(512 * 1024 + 64);
+    for i in 0..8000u64 {
+        let mut prompt = String::with_capacity(16 * 1024 + 64);
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ i;
-        while prompt.len() < 512 * 1024 {
+        while prompt.len() < 16 * 1024 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
@@ -1257,11 +1218,13 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
         if let Some(b) = r.header("x-backend-name") {
             served.insert(b.to_string());
         }
-        used = filter_counter(&lab, &["prefix_router", "index", "used_bytes"]);
-        if used >= 0.99 * footprint {
+        if i % 100 == 99
+            && filter_counter(&lab, &["prefix_router", "index", "used_bytes"]) >= 0.99 * footprint
+        {
             break;
         }
     }
+    let used = filter_counter(&lab, &["prefix_router", "index", "used_bytes"]);
     let memory = filter_counter(&lab, &["prefix_router", "vm", "memory_bytes"]);
     eprintln!(
         "64 hosts ({} served), index used {used} of {footprint} bytes, VM linear memory \
@@ -1291,11 +1254,9 @@ fn index_at_its_bound_with_64_hosts_stays_within_memory() {
 // 15. The cost rule against a real queue: with a replica kept busy by direct traffic (under
 //     the load bound), conversations cached there stay, new conversations go elsewhere; the
 //     bounded ring alone keeps both there. TTFTs are printed, not asserted (BENCHMARKS.md).
-//     The default's mean hot rule (`cost.hot_rule: "mean"`) keeps a hot replica's
-//     conversations by this proxy's own requests there: the spiked replica is hot (7 requests
-//     against a fleet mean of about 2) and its direct clients are someone else's, priced by
-//     the estimate. The earlier default (`half_floor`, 10 s window, factor 1.1, no
-//     `inflight_s`) is run too.
+//     The index rule's hot-host rule keeps a hot replica's conversations by this proxy's own
+//     requests there: the spiked replica is hot (7 requests against a fleet mean of about 2)
+//     and its direct clients are someone else's, priced by the estimate.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn a_busy_replica_keeps_its_conversations_and_new_ones_move() {
@@ -1390,9 +1351,9 @@ fn shared_index_loses_no_update_under_two_workers() {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(
-                json!({"cost": {"mode": "index", "index_buckets": 1, "bucket_entries": 64}}),
-            ),
+            // The test build: one shared index bucket of 64 entries (feature test-one-bucket).
+            wasm: Some(ok(paths::trap_wasm())),
+            filter: FilterConfig::Patched(json!({"cost": {"mode": "index"}})),
             concurrency: 2,
             ..EnvoyOptions::default()
         }),
@@ -1955,23 +1916,23 @@ fn reported_running_requests_count_in_the_bound() {
     );
 }
 
-// 20. The prefill rate is learned online (`cost.learn_prefill`): configured 4x too fast
-//     (64,000 tok/s), the filter learns what the backends really do (8,000 tok/s at time
-//     scale 0.5 = 16,000 tok/s, plus each response's fixed costs) from the time to first byte
-//     of streamed requests that had nothing ahead of them, and exports it as a gauge. Without
-//     `learn_prefill` no rate is learned.
+// 20. The index rule learns the prefill rate online: configured 4x too fast (64,000 tok/s),
+//     the filter learns what the backends really do (8,000 tok/s at time scale 0.5 = 16,000
+//     tok/s, plus each response's fixed costs) from the time to first byte of streamed
+//     requests that had nothing ahead of them, and exports it as a gauge. The spill rule
+//     (the default) learns nothing.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn prefill_rate_is_learned_from_streamed_responses() {
     let _g = serial();
     let opts = backend_opts();
     let real = opts.prefill_tokens_per_s / opts.time_scale;
-    let run = |label: &str, learn: bool| -> Option<f64> {
+    let run = |label: &str, mode: &str| -> Option<f64> {
         let lab = lab(
             label,
             EnvoyMode::PrefixRouter,
             FilterConfig::Patched(json!({
-                "cost": {"mode": "index", "learn_prefill": learn, "prefill_tokens_per_s": 64000.0}
+                "cost": {"mode": mode, "prefill_tokens_per_s": 64000.0}
             })),
         );
         let agent = http::agent(Duration::from_secs(30));
@@ -1989,16 +1950,16 @@ fn prefill_rate_is_learned_from_streamed_responses() {
             .first()
             .map(|s| s.value)
     };
-    let learned = run("e2e-learn", true).expect("no prefix_router_cost_prefill_tps gauge");
+    let learned = run("e2e-learn", "index").expect("no prefix_router_cost_prefill_tps gauge");
     eprintln!("configured 64000 tok/s, backends {real} tok/s, learned {learned:.0} tok/s");
     assert!(
         learned > real * 0.5 && learned < real * 1.25,
         "learned {learned:.0} tok/s, backends do {real:.0} tok/s (configured 64000)"
     );
-    let off = run("e2e-learn-off", false);
+    let off = run("e2e-learn-spill", "spill");
     assert!(
         off.is_none_or(|v| v == 0.0),
-        "a rate was learned with learn_prefill off: {off:?}"
+        "a rate was learned by the spill rule: {off:?}"
     );
 }
 
@@ -2045,93 +2006,27 @@ fn open_new_conversations(
     (landed, header_skips)
 }
 
-// 21. Hot hosts lose the capacity floor (`cost.hot_rule: "half_floor"`, the default before
-//     the mean rule, pinned here with its window, factor and `inflight_s: 0`): a replica
-//     reporting 6 running
-//     requests (under the floor of 8, so the bound alone would still take it; over a hot
-//     host's half floor of 4) is hot against an idle fleet. New conversations pass it over (each counted in
-//     `prefix_router.cost.hot_skipped` and the decision header's `hot_skipped=`), while the
-//     conversations it already holds keep their turns there (the index credits it with more
-//     than half of each prompt). With the rule off (`hot_window_s: 0`) new conversations do
-//     land on it: the reported running requests are decoding, which the cost rule does not
-//     price.
-#[test]
-#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
-fn a_hot_replica_takes_no_new_conversations_but_keeps_its_own() {
-    let _g = serial();
-    // (new conversations on the hot replica, of how many; header hot_skipped sum; counter)
-    let run = |label: &str, window: f64| -> (usize, usize, u64, f64) {
-        let lab = lab(
-            label,
-            EnvoyMode::PrefixRouter,
-            // The half-floor rule (the earlier default), pinned with ring ties so that
-            // without the rule new conversations go to their ring owner.
-            FilterConfig::Patched(json!({"cost": {
-                "mode": "index",
-                "hot_window_s": window, "hot_factor": 1.1, "hot_rule": "half_floor",
-                "inflight_s": 0.0, "ties": "ring"
-            }})),
-        );
-        let agent = http::agent(Duration::from_secs(30));
-        let mut histories: Vec<Vec<serde_json::Value>> =
-            (0..12).map(|i| conversation_start(label, i)).collect();
-        let homes = two_credited_turns(&agent, &lab, &mut histories);
-        // The replica holding the most conversations turns hot.
-        let (hot, mine) = busiest(&homes);
-        ok(ok(lab.backend(&hot)).set_extra_running(6));
-        // Its conversations' next turns bring its report back, and stay.
-        keep_their_credit(&agent, &lab, &mut histories, &mine, &homes);
-        let fresh = 32;
-        let (landed, header_skips) = open_new_conversations(&agent, &lab, label, &hot, fresh);
-        let counter = filter_counter(&lab, &["prefix_router", "cost", "hot_skipped"]);
-        eprintln!(
-            "{label}: {hot} holds {} of 12 conversations; {landed} of {fresh} new ones landed \
-             on it with 6 running reported; hot_skipped header sum {header_skips}, counter \
-             {counter}",
-            mine.len()
-        );
-        (landed, fresh, header_skips, counter)
-    };
-    let (landed, fresh, header, counter) = run("e2e-hot", 10.0);
-    assert_eq!(landed, 0, "new conversations landed on the hot replica");
-    assert!(
-        header >= fresh as u64 - 1,
-        "new conversations should have passed the hot replica over: {header} of {fresh}"
-    );
-    assert_eq!(
-        counter, header as f64,
-        "counter and decision headers disagree"
-    );
-    let (landed_off, _, header_off, counter_off) = run("e2e-hot-off", 0.0);
-    assert!(
-        landed_off > 0,
-        "without the rule some of 32 new conversations should land there (each with odds 1/4)"
-    );
-    assert_eq!((header_off, counter_off), (0, 0.0));
-}
-
-// 27. `cost.hot_rule: "mean"` (the default): a hot replica is held to the fleet's mean for new
+// 27. The index rule's hot-host rule: a hot replica is held to the fleet's mean for new
 //     prompts and, for the conversations it holds, to the pure bound or half its floor,
 //     whichever is higher. Every replica reports running requests through the scrape (the hot
 //     one 5, the others 3: 14 in all, so with `capacity_factor` 1.5 the mean bound is
 //     ceil(15 / 4) = 4 and the pure bound ceil(1.5 x 15 / 4) = 6). New conversations pass the
-//     hot replica over; its own conversations' turns stay. With the `half_floor` rule its hot
-//     bound is max(6, 8 / 2) = 6, so new conversations do land on it (each with odds about
-//     1/4).
+//     hot replica over (with the bound alone, max(6, floor 8), each would land there with odds
+//     about 1/4); its own conversations' turns stay.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
     let _g = serial();
     // (new conversations on the hot replica, of how many; header hot_skipped sum)
-    let run = |label: &str, rule: &str| -> (usize, usize, u64) {
+    let run = |label: &str| -> (usize, usize, u64) {
         let lab = lab(
             label,
             EnvoyMode::PrefixRouter,
             FilterConfig::Patched(json!({
                 "capacity_factor": 1.5,
-                // Ring ties: a new conversation nobody holds goes to its ring owner unless a
-                // rule passes the owner over (load ties would avoid the busy replica anyway).
-                "cost": {"mode": "index", "hot_rule": rule, "hot_window_s": 1, "ties": "ring"},
+                // A new conversation nobody holds goes to its ring owner (ties go in ring
+                // order) unless a rule passes the owner over.
+                "cost": {"mode": "index"},
                 "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
             })),
         );
@@ -2144,7 +2039,8 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
             let n = if b.name == hot { 5 } else { 3 };
             ok(b.set_extra_running(n));
         }
-        // A few scrapes, and a recent-load average (1 s) that has seen them.
+        // A few scrapes, and a recent-load average (20 s) that has begun to see them: the
+        // hot test compares each host's average with the fleet's mean, and all rose together.
         std::thread::sleep(Duration::from_millis(1500));
         keep_their_credit(&agent, &lab, &mut histories, &mine, &homes);
         let fresh = 32;
@@ -2157,16 +2053,11 @@ fn the_mean_rule_holds_a_hot_replica_to_the_mean_but_keeps_its_conversations() {
         );
         (landed, fresh, header_skips)
     };
-    let (landed, fresh, header) = run("e2e-hot-mean", "mean");
+    let (landed, fresh, header) = run("e2e-hot-mean");
     assert_eq!(landed, 0, "new conversations landed on the hot replica");
     assert!(
         header >= fresh as u64 - 1,
         "new conversations should have passed the hot replica over: {header} of {fresh}"
-    );
-    let (landed_half, _, _) = run("e2e-hot-half", "half_floor");
-    assert!(
-        landed_half > 0,
-        "under the half-floor rule some of 32 new conversations should land there"
     );
 }
 
@@ -2225,56 +2116,6 @@ fn sglang_router_runs_the_demo_workload_for_a_side_by_side_column() {
     let e = prefix_router_lab::peer::SglangRouter::start("manual", &workers, lab.dir())
         .expect_err("manual is not offered");
     assert!(e.to_string().contains("cache_aware"), "{e}");
-}
-
-#[test]
-#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
-fn load_ties_send_new_conversations_to_the_least_loaded_replica() {
-    let _g = serial();
-    // Three replicas report 2 running requests (answers being decoded: no prefill queued, so
-    // the cost rule's estimates for a new prompt are equal everywhere); the fourth is idle.
-    // The scrape gives the filter those counts without traffic. The hot-host rule is off to
-    // look at ties alone.
-    let run = |ties: &str| -> (String, usize, usize) {
-        let label = format!("e2e-ties-{ties}");
-        let lab = lab(
-            &label,
-            EnvoyMode::PrefixRouter,
-            FilterConfig::Patched(json!({
-                "cost": {"mode": "index", "ties": ties, "hot_window_s": 0},
-                "scrape": {"cluster": "llm", "interval_ms": 200, "timeout_ms": 150}
-            })),
-        );
-        let idle = lab.backends[3].name.clone();
-        for b in &lab.backends[..3] {
-            ok(b.set_extra_running(2));
-        }
-        // A few scrapes (every 200 ms).
-        std::thread::sleep(Duration::from_millis(1000));
-        let agent = http::agent(Duration::from_secs(30));
-        let fresh = 12;
-        let mut landed = 0;
-        for i in 0..fresh {
-            let mut h = conversation_start(&label, i);
-            let r = chat_turn(&agent, &lab, &mut h, "What is this about?");
-            assert!(r.ok(), "{ties}: conversation {i}: {r:?}");
-            if r.backend.as_deref() == Some(idle.as_str()) {
-                landed += 1;
-            }
-        }
-        eprintln!("ties {ties}: {landed} of {fresh} new conversations on the idle replica {idle}");
-        (idle, landed, fresh)
-    };
-    let (_, landed, fresh) = run("load");
-    assert_eq!(
-        landed, fresh,
-        "with load ties every new conversation goes to the idle replica"
-    );
-    let (_, landed_ring, fresh) = run("ring");
-    assert!(
-        landed_ring < fresh,
-        "with ring ties new conversations go to their ring owners ({landed_ring} of {fresh} on the idle one)"
-    );
 }
 
 // 26. Load gossip (`gossip.name`): an Envoy counts the prefill another Envoy has pending at a
@@ -2360,7 +2201,7 @@ fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
                 // rule a replica serving one request in an idle fleet is hot, and B would
                 // pass it over from A's report alone; here only load gossip may steer B.
                 filter: FilterConfig::Patched(json!({
-                    "gossip": g, "cost": {"mode": "index", "hot_window_s": 0, "inflight_s": 0}
+                    "gossip": g, "cost": {"mode": "index"}
                 })),
                 listener_port: Some(me),
                 peers: vec![peer(other)],
@@ -2438,9 +2279,13 @@ fn load_gossip_lets_a_second_envoy_see_the_prefill_the_first_has_pending() {
         went_on.iter().all(|h| *h != z_on),
         "with load gossip B should keep new conversations off {z_on}: {went_on:?}"
     );
-    assert!(
-        went_off.iter().all(|h| *h == z_off),
-        "without it B sends them to their ring owner {z_off}: {went_off:?}"
+    // Without it B knows nothing of A's prefill at its first request, which goes to its ring
+    // owner (later ones may move on what the owner's response reported, or on the index
+    // rule's hot-host rule).
+    assert_eq!(
+        went_off.first(),
+        Some(&z_off),
+        "without it B sends the first to its ring owner {z_off}: {went_off:?}"
     );
 }
 

@@ -268,6 +268,16 @@ impl RootContext for Root {
         };
         match Config::from_json(&bytes) {
             Ok(cfg) => {
+                // Feature `test-one-bucket` only (e2e
+                // `shared_index_loses_no_update_under_two_workers`): one shared
+                // index bucket of 64 entries, so every write contends.
+                #[cfg(feature = "test-one-bucket")]
+                let cfg = {
+                    let mut c = cfg;
+                    c.cost.shared.buckets = 1;
+                    c.cost.shared.bucket_entries = 64;
+                    c
+                };
                 host::log(
                     LogLevel::Info,
                     &format!(
