@@ -12,7 +12,7 @@
 //!        + max(0, prompt_tokens - cached_tokens_h) / prefill_tokens_per_s
 //! ```
 //!
-//! (with `cost.queue = "requests"`; the default `"tokens"` replaces the
+//! (with `queue = "requests"`; the default `"tokens"` replaces the
 //! first term, see "Token-aware queue" below), where `load_h` is the
 //! effective load of
 //! [`crate::load::HostLoad`]
@@ -57,7 +57,7 @@
 //! ## Complexity
 //! The ring walk until `candidates` qualifying hosts are found (usually
 //! `candidates` steps), one index lookup of O(b) probes for a prompt of b
-//! kept boundaries (b = k / stride up to `cost.dense_boundaries`, then
+//! kept boundaries (b = k / stride up to `dense_boundaries`, then
 //! logarithmic in k: [`crate::index`]), and O(candidates) arithmetic.
 //!
 //! ## Trade-offs
@@ -65,7 +65,7 @@
 //!   cache can only ever be on one of `candidates` hosts (plus spills), so
 //!   proxies and restarts keep agreeing, and a host outside the key's walk
 //!   is never loaded with its prefixes. Dynamo and GIE score every host.
-//! - With `cost.queue = "requests"` queue wait is counted in requests times
+//! - With `queue = "requests"` queue wait is counted in requests times
 //!   a fixed service time, not in queued prefill tokens (a replica's report
 //!   does not give the queued requests' lengths; the default `"tokens"`
 //!   uses the router's own pending prompt tokens instead, see below, and
@@ -83,7 +83,7 @@
 //!   responses, and the index does not see evictions (bounded by
 //!   `host_tokens` in the simulator, by its buckets in the filter).
 //!
-//! ## Token-aware queue (`cost.queue = "tokens"`, the default)
+//! ## Token-aware queue (`queue = "tokens"`, the default)
 //! Prompts differ by two orders of magnitude (the Mooncake trace: 891 to
 //! 126,000 tokens), so a count of requests says little about the prefill
 //! work ahead of a newcomer. With `QueueMode::Tokens` the queue term is
@@ -115,7 +115,7 @@
 //! (the waiting requests a replica reports are this router's own), so a
 //! stale or bursty report does not push conversations off their cache.
 //!
-//! ## Staying with the cache (`cost.stay_margin_s`, default 0.1 s)
+//! ## Staying with the cache (`stay_margin_s`, default 0.1 s)
 //! The estimate prices what a move saves now, not what it costs later: a
 //! conversation moved to a second replica has its prefix prefilled and
 //! stored there too, evicting other prefixes, and its later turns split
@@ -125,7 +125,7 @@
 //! longest credited prefix (the earliest on the walk among equals) keeps
 //! the request unless another candidate is estimated more than
 //! `stay_margin_s` faster; 0 is the plain argmin. That comparison leaves
-//! out `cost.inflight_s`'s term (this proxy's own requests decoding at a
+//! out `inflight_s`'s term (this proxy's own requests decoding at a
 //! host): it spreads requests that tie on prefill, and is no reason to
 //! leave a cache (with it in, the Envoy demo kept 87-92 % of turns on their
 //! replica instead of 100 %). The bound is untouched
@@ -135,7 +135,7 @@
 //! replica at a 75.2 % hit rate and TTFT p90 148 ms; the 0.1 s margin kept
 //! 100 % at 81.4 % and 133 ms.
 //!
-//! ## Hot hosts (`cost.hot_window_s`, `cost.hot_factor`, `cost.hot_rule`)
+//! ## Hot hosts (`hot_window_s`, `hot_factor`, `hot_rule`)
 //! The capacity floor (`min_capacity`, default 8) lets a host hold up to 8
 //! requests whatever the fleet's load, so that at light load a replica
 //! with cached conversations is never "full" after two or three requests.
@@ -154,7 +154,7 @@
 //! (counted in `hot_skipped`). A held host does not count towards
 //! `candidates`. Hosts that are not hot keep the floor.
 //!
-//! ### The mean rule (`cost.hot_rule = "mean"`, the default)
+//! ### The mean rule (`hot_rule = "mean"`, the default)
 //! [`HotRule::Mean`] holds a hot host to the fleet's mean,
 //! `ceil((L + 1) w / W)`, for a prompt it is credited with less than half
 //! of ([`HOT_KEEP_FRACTION`]): a new conversation goes elsewhere. For one
@@ -168,7 +168,7 @@
 //! conversations in place, where the pure bound is 1 or 2, and a loaded
 //! one holds them to the pure bound.
 //!
-//! The keep bound is not rounded up (`cost.hot_keep = "within"`, the
+//! The keep bound is not rounded up (`hot_keep = "within"`, the
 //! default, [`HotKeep::Within`]): the turn stays only if the host's load
 //! after it is within the bound, `own + 1 <= max(c (L + 1) w / W,
 //! keep floor x w)`. Rounding up, as the capacity does
@@ -198,12 +198,12 @@
 //! 35-38 % with the mean rule and `inflight_s` 0; with gossip the
 //! defaults are level).
 //!
-//! With it the defaults set `cost.inflight_s` to 0.1: each of this
+//! With it the defaults set `inflight_s` to 0.1: each of this
 //! proxy's requests at a host adds 0.1 s to a newcomer's estimate there,
 //! so new conversations that tie on prefill spread by load; ties still go
 //! to ring order.
 //!
-//! ### The half-floor rule (`cost.hot_rule = "half_floor"`)
+//! ### The half-floor rule (`hot_rule = "half_floor"`)
 //! [`HotRule::HalfFloor`], the default before (with `hot_window_s` 10,
 //! `hot_factor` 1.1, `inflight_s` 0), keeps a hot host half its floor
 //! ([`HOT_FLOOR_SHARE`]): `max(ceil(c (L + 1) w / W), ceil(min_capacity /
@@ -238,7 +238,7 @@
 //!   unrounded keep bound with 0.15 points of hit rate (5.32 against
 //!   5.47 % at load A).
 //!
-//! ## Ties (`cost.ties`)
+//! ## Ties (`ties`)
 //! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
 //! default) the earlier host on the key's walk wins, so proxies that see
 //! the same estimates agree, and a prompt nobody holds goes to its ring
@@ -279,7 +279,7 @@
 //! A costs 1.125 s and keeps the request. A hit never counts for more or
 //! less than the prefill seconds it saves.
 //!
-//! ## Worked example with `cost.queue = "tokens"`
+//! ## Worked example with `queue = "tokens"`
 //! The same prompt and cache; A has 3 requests waiting for their first
 //! token totalling 6,000 prompt tokens (short turns), B has 1 waiting
 //! request of 24,000 tokens (a long document):
@@ -330,7 +330,7 @@ pub enum Ties {
     Load,
 }
 
-/// What a hot host is held to (`cost.hot_rule`; "Hot hosts lose the
+/// What a hot host is held to (`hot_rule`; "Hot hosts lose the
 /// floor").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HotRule {
@@ -348,7 +348,7 @@ pub enum HotRule {
 }
 
 /// How [`HotRule::Mean`] applies its keep bound to a hot host
-/// (`cost.hot_keep`; "The mean rule").
+/// (`hot_keep`; "The mean rule").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HotKeep {
     /// The host's own requests after taking this one stay within the keep
@@ -430,7 +430,7 @@ impl CostParams {
         load as f64 * self.service_s + uncached / self.prefill_tokens_per_s
     }
 
-    /// The part of [`CostParams::wait_s`] that `cost.inflight_s` adds for
+    /// The part of [`CostParams::wait_s`] that `inflight_s` adds for
     /// `own` requests of this router in flight at a host (what
     /// [`pending_with_peers`] adds, in seconds; 0 with
     /// [`QueueMode::Requests`]).
@@ -480,7 +480,7 @@ impl CostParams {
     }
 }
 
-/// Learning the prefill rate online (`cost.learn_prefill`): the smallest
+/// Learning the prefill rate online (`learn_prefill`): the smallest
 /// uncached prompt a sample may have, tokens (below it a response's fixed
 /// costs, network and the first decode step, dominate its time).
 pub const LEARN_MIN_TOKENS: u64 = 512;
@@ -629,7 +629,7 @@ pub fn hot_hosts(ring: &Ring, recent: &[f64], eligible: &[bool], p: &CostParams)
 /// (`service_s x prefill_tokens_per_s` tokens), the reported waiting
 /// requests beyond this router's own in-flight requests at the host (those
 /// are someone else's), plus `inflight_s x prefill_tokens_per_s` tokens for
-/// each of this router's own requests in flight there (`cost.inflight_s`,
+/// each of this router's own requests in flight there (`inflight_s`,
 /// default 0.1: decode steps interleaved with a newcomer's prefill; see
 /// [`place`] for how the stay rule leaves it out). Saturates instead of
 /// overflowing.

@@ -12,7 +12,7 @@
 //! ([`PrefixIndex::observe`], on the response), not from the routing
 //! decision, so a spill or a fallback teaches it the truth.
 //!
-//! ## Thinning deep boundaries (`cost.dense_boundaries`, default 16)
+//! ## Thinning deep boundaries (`dense_boundaries`, default 16)
 //! Every lookup and observation touches each recorded boundary, which in
 //! the Envoy filter is one shared-data call each: linear in the prompt
 //! length (a 1 MiB prompt has 1,024 boundaries at 1 KiB). So only the

@@ -15,7 +15,7 @@
 //!
 //! ## Recent load
 //! [`LoadTrend`] keeps, per host, an exponential moving average of the
-//! effective load over time (time constant `cost.hot_window_s`), sampled at
+//! effective load over time (time constant `hot_window_s`), sampled at
 //! each decision: the cost rule's hot-host rule ([`crate::cost`]) compares
 //! it with the fleet's mean.
 //!
@@ -118,7 +118,7 @@ pub struct HostLoad {
     pub ejected: bool,
     /// Prompt tokens of the requests this router sent to the host that
     /// have not yet produced a first token: prefill work ahead of a new
-    /// request. Read only by the cost rule with `cost.queue = "tokens"`
+    /// request. Read only by the cost rule with `queue = "tokens"`
     /// ([`crate::cost`]); 0 when the caller does not track it.
     pub pending_prefill_tokens: u64,
     /// Pending prefill tokens other Envoys reported at this host (load

@@ -143,7 +143,7 @@ pub enum Decision {
         /// bound; `false` when the bound alone explains the choice.
         moved: bool,
         /// Cost rule only: hosts passed over because they were hot (their
-        /// recent load above `cost.hot_factor` x the mean) and at their hot
+        /// recent load above `hot_factor` x the mean) and at their hot
         /// bound ([`crate::cost::HotRule`]: the fleet's mean, or their keep
         /// bound for a prompt they hold; with `half_floor` half the
         /// `min_capacity` floor, or the pure bound if higher), though under
@@ -214,7 +214,7 @@ impl Decision {
 /// The whole canonical prompt as the cost rule and the prefix index see it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PromptChain {
-    /// Chain hashes every `cost.stride_chunks` chunks (`h_s, h_2s, ...`).
+    /// Chain hashes every `stride_chunks` chunks (`h_s, h_2s, ...`).
     pub hashes: Vec<u64>,
     /// Length of the canonical prompt stream, bytes.
     pub bytes: u64,
@@ -535,10 +535,10 @@ impl Router {
     }
 
     /// Fold the effective loads of `loads` at `now_ms` into `trend`
-    /// (time constant `cost.hot_window_s`) and write each host's recent
+    /// (time constant `hot_window_s`) and write each host's recent
     /// load into `loads[i].recent`, for the cost rule's hot-host rule.
     /// Does nothing with the rule off (`cost.mode = off` or
-    /// `cost.hot_window_s = 0`).
+    /// `hot_window_s = 0`).
     pub fn track_recent(&self, trend: &mut LoadTrend, loads: &mut [HostLoad], now_ms: u64) {
         let tau = self.cfg.cost.params.hot_window_s;
         if !self.cfg.cost.enabled || tau <= 0.0 {

@@ -2,9 +2,9 @@
 //! [`crate::index`]), and the pending prefill tokens per host.
 //!
 //! ## Layout
-//! A fixed number of buckets (`cost.index_buckets`, default 4096), each one
+//! A fixed number of buckets (`buckets`, default 4096), each one
 //! shared-data value under the key `prefix_router/idx/<bucket>`. A value is
-//! up to `cost.bucket_entries` (default 8) entries of [`ENTRY_BYTES`] = 18
+//! up to `bucket_entries` (default 8) entries of [`ENTRY_BYTES`] = 18
 //! bytes, little-endian: prefix hash (u64), host index (u16), stamp (u64).
 //! A strided boundary hash goes to bucket `mix(hash) % buckets`. Memory is
 //! therefore bounded by `buckets x bucket_entries x 18` bytes (590 KB with
@@ -26,7 +26,7 @@
 //! [`SharedLookup`] implements [`PrefixLookup`] for the cost rule: it
 //! probes the request's boundaries from the longest down (each bucket read
 //! once per lookup) and stops once every candidate host has a match.
-//! Entries older than `cost.max_age_ms` (if set) are ignored.
+//! Entries older than `max_age_ms` (if set) are ignored.
 //!
 //! ## Forgetting
 //! A replica that restarts (or is ejected, or is removed from the config)
@@ -69,7 +69,7 @@
 //! prompt tokens of requests routed there that have not yet produced a
 //! response (`prefix_router/pending/<address>`, a CAS counter like the
 //! in-flight count). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
-//! for `cost.queue = "tokens"`.
+//! for `queue = "tokens"`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -522,7 +522,7 @@ pub fn read_pending_tokens<S: SharedStore + ?Sized>(
     Ok(crate::store::decode_u64(v.as_deref()))
 }
 
-/// Shared-data key of the learned prefill rate (`cost.learn_prefill`): one
+/// Shared-data key of the learned prefill rate (`learn_prefill`): one
 /// f64, tokens per second, shared by the workers of one Envoy.
 pub const LEARNED_PREFILL_KEY: &str = "prefix_router/learn/prefill_tps";
 

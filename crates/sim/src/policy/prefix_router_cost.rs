@@ -83,9 +83,9 @@ pub struct Params {
     pub hot_window_s: f64,
     pub hot_factor: f64,
     pub hot_rule: String,
-    /// `hot_keep=within|ceil` (`cost.hot_keep`).
+    /// `hot_keep=within|ceil` (`hot_keep`).
     pub hot_keep: prefix_router_core::cost::HotKeep,
-    /// `learn=1`: learn the prefill rate online (`cost.learn_prefill`).
+    /// `learn=1`: learn the prefill rate online (`learn_prefill`).
     pub learn_prefill: bool,
     /// Experiment: `pending=prompt` counts whole prompts as pending
     /// prefill (the filter before it subtracted the credited prefix);
@@ -225,7 +225,7 @@ impl Params {
         if !(1..=65_536).contains(&self.stride_chunks) {
             return Err(bad("stride: must be 1..=65536"));
         }
-        if self.dense_boundaries % 2 != 0 || self.dense_boundaries > 65_536 {
+        if !self.dense_boundaries.is_multiple_of(2) || self.dense_boundaries > 65_536 {
             return Err(bad("dense: must be 0 or an even number up to 65536"));
         }
         if self.max_entries == 0 || self.max_entries > 1 << 24 {
@@ -296,11 +296,11 @@ pub struct PrefixRouterCost {
     rr: usize,
     /// Prompt tokens the index credited the chosen hosts with.
     credited_tokens: u64,
-    /// `cost.learn_prefill`: the learned rate, and per routed request its
+    /// `learn_prefill`: the learned rate, and per routed request its
     /// routing time (ms) and the prefill tokens known ahead of it.
     learned_tps: Option<f64>,
     samples: BTreeMap<u64, (u64, u64)>,
-    /// Each host's recent load (`cost.hot_window_s`).
+    /// Each host's recent load (`hot_window_s`).
     trend: LoadTrend,
     /// `gossip_ms`: the delay, and observations not yet handed out.
     gossip_s: Option<f64>,
