@@ -176,6 +176,13 @@ struct DemoArgs {
     /// Size of each conversation's first user message, bytes [default: 6000,10000]
     #[arg(long, value_name = "LO,HI", value_parser = range::<usize>)]
     first_bytes: Option<(usize, usize)>,
+    /// Distinct system prompts (skewed popularity: the first is about half the conversations')
+    #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().system_prompts,
+          value_parser = at_least_one)]
+    system_prompts: usize,
+    /// Pad each system prompt to at least this many bytes (an application's long instructions)
+    #[arg(long, value_name = "B", default_value_t = WorkloadOptions::default().system_bytes)]
+    system_bytes: usize,
     /// User think time before each follow-up turn, uniform, ms [default: 200,4000]
     #[arg(long, value_name = "LO,HI", value_parser = range::<u64>)]
     think_ms: Option<(u64, u64)>,
@@ -245,6 +252,8 @@ impl DemoArgs {
                 think_ms: self.think_ms.unwrap_or(d.think_ms),
                 start_ms: self.start_ms.unwrap_or(d.start_ms),
                 first_message_bytes: self.first_bytes.unwrap_or(d.first_message_bytes),
+                system_prompts: self.system_prompts,
+                system_bytes: self.system_bytes,
                 ..d
             },
             // The cache size the default workload is sized for (see prefix_router_lab::workload).

@@ -58,6 +58,9 @@ pub struct WorkloadOptions {
     pub seed: u64,
     /// Distinct system prompts (at least 1).
     pub system_prompts: usize,
+    /// Each system prompt padded with generated text to at least this many bytes (an
+    /// application's long instructions or tool definitions); 0 keeps them short (~400 bytes).
+    pub system_bytes: usize,
     /// `max_tokens` of every request (length of the assistant replies).
     pub max_tokens: u32,
     pub model: String,
@@ -93,6 +96,7 @@ impl Default for WorkloadOptions {
             concurrency: 50,
             seed: 42,
             system_prompts: 4,
+            system_bytes: 0,
             max_tokens: 48,
             model: "sim-llm".to_string(),
             path: "/v1/chat/completions".to_string(),
@@ -339,10 +343,15 @@ impl Workload {
         let system_prompts: Vec<String> = (0..n_sys)
             .map(|i| {
                 let (name, role) = PRODUCTS[i % PRODUCTS.len()];
-                format!(
+                let mut s = format!(
                     "You are {name}, {role}. Answer briefly and politely. {}",
                     text(&mut rng, 60)
-                )
+                );
+                while s.len() < opts.system_bytes {
+                    s.push(' ');
+                    s.push_str(&text(&mut rng, 60));
+                }
+                s
             })
             .collect();
         // Skewed popularity: weight of prompt i is 2^(n-1-i) (e.g. 8:4:2:1 for four prompts),

@@ -3591,3 +3591,71 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
     }
     assert!(problems.is_empty(), "{}\n{table}", problems.join("\n"));
 }
+
+// 39. An application preamble (issue 19): one 6 KB system prompt shared by every conversation,
+//     short user messages, no think time, turns alternating between two Envoys with the default
+//     config. The group key (the first 4 KiB) lies wholly in the system prompt, so a first turn
+//     goes to the preamble's owner and every later turn to its own conversation's owner: the
+//     conversations spread over the replicas from their second turn on (before, every later
+//     turn went to the preamble's owner, which took them all), and both Envoys send each
+//     conversation's later turns to the same replica.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn an_application_preamble_does_not_pile_conversations_onto_one_replica() {
+    let _g = serial();
+    require_artifacts(true);
+    let workload = Workload::generate(WorkloadOptions {
+        conversations: 40,
+        turns: 5,
+        system_prompts: 1,
+        system_bytes: 6000,
+        first_message_bytes: (200, 400),
+        think_ms: (0, 1),
+        ..WorkloadOptions::default()
+    });
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-preamble".to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
+            ..backend_opts()
+        },
+        envoy: None,
+    }));
+    let envoys = ok(lab.start_envoys(
+        2,
+        EnvoyMode::PrefixRouter,
+        &FilterConfig::Default,
+        false,
+        false,
+    ));
+    let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
+    let (run, report) = ok(lab.run_workload_at(&workload, "two Envoys", &urls));
+    drop(envoys);
+    let mut later: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut n_later = 0;
+    for r in &run.records {
+        assert!(r.ok(), "{r:?}");
+        if r.turn >= 2 {
+            *later
+                .entry(r.backend.as_deref().unwrap_or("?"))
+                .or_default() += 1;
+            n_later += 1;
+        }
+    }
+    let (moved, counted) = later_turn_moves(&run);
+    let busiest = later.values().copied().max().unwrap_or(0);
+    eprintln!(
+        "later turns per replica {later:?}; {moved} of {counted} later turns left the previous \
+         turn's replica; hit rate {:?}",
+        report.hit_rate
+    );
+    assert!(
+        later.len() >= 3 && busiest * 2 <= n_later,
+        "later turns should spread over the replicas: {later:?}"
+    );
+    assert!(
+        moved * 100 <= counted * 8,
+        "{moved} of {counted} later turns changed replica (want at most 8 %)"
+    );
+}

@@ -115,6 +115,10 @@ pub trait PromptSink {
     fn write(&mut self, bytes: &[u8]);
     /// The end of the first user message (called at most once).
     fn anchor(&mut self);
+    /// The start of the first user message (called at most once, before
+    /// its bytes): what came before it is the preamble (tools, system
+    /// prompt, earlier non-user messages).
+    fn user_start(&mut self) {}
 }
 
 impl PromptSink for Vec<u8> {
@@ -688,6 +692,7 @@ impl<'a> Scan<'a> {
             memo: Memo::new(),
             wrote: 0,
             anchored: false,
+            user_started: false,
         };
         let r = em.run(api, &top);
         em.out.flush();
@@ -907,6 +912,8 @@ struct Em<'b, 's, S: PromptSink> {
     /// Number of records with content written.
     wrote: usize,
     anchored: bool,
+    /// [`PromptSink::user_start`] was called.
+    user_started: bool,
 }
 
 fn missing(what: &'static str) -> Fail {
@@ -964,6 +971,15 @@ impl<S: PromptSink> Em<'_, '_, S> {
         Ok(())
     }
 
+    /// The first user message begins (before its `RS`).
+    fn user_start(&mut self) {
+        if !self.user_started {
+            self.user_started = true;
+            self.out.flush();
+            self.out.sink.user_start();
+        }
+    }
+
     fn mark_user(&mut self) {
         if !self.anchored {
             self.anchored = true;
@@ -994,6 +1010,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let b = self.b;
         match b.get(i) {
             Some(b'"') => {
+                self.user_start();
                 self.out.put(RS);
                 self.out.put(b"user");
                 self.out.put(US);
@@ -1098,6 +1115,9 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// `RS role US`.
     #[inline]
     fn header(&mut self, role: Option<usize>) -> Res<()> {
+        if !self.anchored && role.is_some_and(|q| str_is(self.b, q, b"user")) {
+            self.user_start();
+        }
         self.out.put(RS);
         if let Some(q) = role {
             decode_str(self.b, q + 1, true, &mut self.out)?;

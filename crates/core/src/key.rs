@@ -49,6 +49,8 @@ pub struct KeySink {
     seen: u64,
     /// The key was fixed at the anchor (the end of the first user message).
     anchored: bool,
+    /// Bytes before the first user message (the preamble), once it began.
+    preamble: Option<u64>,
 }
 
 impl KeySink {
@@ -75,6 +77,7 @@ impl KeySink {
             group: None,
             seen: 0,
             anchored: false,
+            preamble: None,
         }
     }
 
@@ -143,6 +146,18 @@ impl KeySink {
         self.group.unwrap_or_else(|| self.key())
     }
 
+    /// The group region lies wholly in the preamble (tools, system prompt:
+    /// an application's shared instructions, the same for all its
+    /// conversations), and the key goes on past it to the first user
+    /// message: the group is an application preamble, not the user's own
+    /// content ([`crate::spill`] keys a later turn by its conversation).
+    pub fn group_in_preamble(&self) -> bool {
+        self.anchored
+            && self.group.is_some()
+            && self.group != self.key
+            && self.preamble.is_some_and(|p| p >= self.group_limit)
+    }
+
     fn fix_key(&mut self) {
         self.key = Some(self.chain.prefix_hash());
         self.key_bytes = self.chain.bytes();
@@ -192,6 +207,12 @@ impl PromptSink for KeySink {
             }
         }
         self.write_inner(bytes);
+    }
+
+    fn user_start(&mut self) {
+        if self.preamble.is_none() {
+            self.preamble = Some(self.seen);
+        }
     }
 
     fn anchor(&mut self) {
@@ -255,6 +276,41 @@ mod tests {
             key(KeyMode::Prefix, Api::ChatCompletions, &a).0,
             key(KeyMode::Prefix, Api::ChatCompletions, &b).0
         );
+    }
+
+    #[test]
+    fn a_group_wholly_in_the_preamble_is_an_application_preamble() {
+        let preamble = |system: &str, turns: &[&str], api: Api, body: Option<String>| {
+            let body = body.unwrap_or_else(|| chat(system, turns));
+            let mut s = KeySink::new(1, 64, KeyMode::Conversation, 32, api.structured());
+            extract(api, body.as_bytes(), &mut s).unwrap();
+            s.group_in_preamble()
+        };
+        let long = "Long shared system prompt. ".repeat(4);
+        // The group (32 bytes here) ends inside the system prompt: yes, on
+        // every turn.
+        assert!(preamble(&long, &["question A"], Api::ChatCompletions, None));
+        assert!(preamble(
+            &long,
+            &["question A", "answer", "again"],
+            Api::ChatCompletions,
+            None
+        ));
+        // A short system prompt: the group takes in the user's own text.
+        assert!(!preamble(
+            "short",
+            &["a long document ".repeat(9).as_str()],
+            Api::ChatCompletions,
+            None
+        ));
+        // The key region no longer than the group: no separate group.
+        assert!(!preamble("s", &["q"], Api::ChatCompletions, None));
+        // No messages: no preamble.
+        let c = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(100));
+        assert!(!preamble("", &[], Api::Completions, Some(c)));
+        // Responses with a string input and long instructions.
+        let r = format!(r#"{{"instructions":"{long}","input":"hi there"}}"#);
+        assert!(preamble("", &[], Api::Responses, Some(r)));
     }
 
     #[test]

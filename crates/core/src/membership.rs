@@ -817,6 +817,7 @@ mod tests {
                 prompt_bytes: 0,
                 group: k,
                 anchored: false,
+                preamble_group: false,
             };
             let req = crate::Request::new(crate::extract::Api::ChatCompletions, b"", &loads, 0)
                 .with_key(key);

@@ -121,6 +121,10 @@ pub struct Key {
     /// `key.prefix_bytes`, whose longer prompts are not turns of one
     /// conversation, and for session and user keys.
     pub anchored: bool,
+    /// The group region lies wholly in the preamble before the first user
+    /// message (an application's system prompt or tools): a later turn is
+    /// placed by its conversation's key, not the group ([`crate::spill`]).
+    pub preamble_group: bool,
 }
 
 /// What the router decided.
@@ -424,6 +428,7 @@ impl Router {
             prompt_bytes: 0,
             group: hash::session_key(seed, s.as_bytes()),
             anchored: false,
+            preamble_group: false,
         });
         let mut sink = match stride {
             None => {
@@ -480,6 +485,7 @@ impl Router {
                         prompt_bytes: sink.seen_bytes(),
                         group: hash::session_key(seed, u.as_bytes()),
                         anchored: false,
+                        preamble_group: false,
                     },
                     chain,
                 ));
@@ -493,6 +499,7 @@ impl Router {
                 prompt_bytes: sink.seen_bytes(),
                 group: sink.group(),
                 anchored: sink.anchored(),
+                preamble_group: sink.group_in_preamble(),
             },
             chain,
         ))
@@ -684,17 +691,21 @@ impl Router {
         // will after this request (a conversation's next turn comes back
         // to it): leaving costs re-prefilling it.
         let held_bytes = key.prompt_bytes;
+        // A later turn: a session or user key, or a conversation key whose
+        // prompt goes on past the first user message.
+        let first_turn = key.source == KeySource::Prompt
+            && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
         let x = crate::spill::Inputs {
             loads: &eff,
             queues: &queues,
             eligible: &eligible,
             held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
             service_s: p.service_s,
-            group: Some(key.group),
-            // A later turn: a session or user key, or a conversation key
-            // whose prompt goes on past the first user message.
-            first_turn: key.source == KeySource::Prompt
-                && (!key.anchored || key.prompt_bytes <= key.bytes_hashed),
+            // An application preamble (system prompt, tools) is shared by
+            // all its conversations: a first turn goes where the preamble
+            // is held, a later turn where its own conversation goes.
+            group: (first_turn || !key.preamble_group).then_some(key.group),
+            first_turn,
         };
         match crate::spill::place(&self.ring, key.hash, &self.bound(), &x) {
             Some(pl) => Decision::Routed {
@@ -897,6 +908,109 @@ mod tests {
         cfg.cost.index.stride_chunks = 1;
         cfg.cost.shared.stride_bytes = cfg.cost.index.stride_bytes();
         Router::new(cfg)
+    }
+
+    #[test]
+    fn a_later_turn_under_an_application_preamble_goes_where_its_conversation_goes() {
+        // 8 hosts, a 5 KB system prompt (longer than key.prefix_bytes, 4 KiB)
+        // shared by 40 conversations: their first turns go to the
+        // preamble's owner (the group), their later turns to each
+        // conversation's own key owner, the same at every turn.
+        let r = router(8);
+        let sys = "You are the assistant of an application. ".repeat(125);
+        let body = |i: usize, turns: usize| {
+            let mut m = vec![format!(r#"{{"role":"system","content":"{sys}"}}"#)];
+            for t in 0..turns {
+                m.push(format!(
+                    r#"{{"role":"user","content":"user {i} turn {t}"}}"#
+                ));
+                m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+            }
+            m.pop();
+            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
+        };
+        let idle = vec![HostLoad::default(); 8];
+        let host = |d: Decision| match d {
+            Decision::Routed { host, key, .. } => (host, key),
+            d => panic!("{d:?}"),
+        };
+        let mut firsts = std::collections::BTreeSet::new();
+        let mut later = std::collections::BTreeSet::new();
+        for i in 0..40 {
+            let (h1, k1) = host(decide(
+                &r,
+                Api::ChatCompletions,
+                body(i, 1).as_bytes(),
+                None,
+                &idle,
+                0,
+            ));
+            assert!(k1.preamble_group);
+            assert_eq!(
+                h1,
+                r.ring.walk(k1.group).next().unwrap(),
+                "first turn: the group owner"
+            );
+            firsts.insert(h1);
+            let (h2, k2) = host(decide(
+                &r,
+                Api::ChatCompletions,
+                body(i, 2).as_bytes(),
+                None,
+                &idle,
+                0,
+            ));
+            let (h3, _) = host(decide(
+                &r,
+                Api::ChatCompletions,
+                body(i, 3).as_bytes(),
+                None,
+                &idle,
+                0,
+            ));
+            assert_eq!(k2.hash, k1.hash);
+            assert_eq!(
+                h2,
+                r.ring.walk(k1.hash).next().unwrap(),
+                "later turn: its key owner"
+            );
+            assert_eq!(h3, h2);
+            later.insert(h2);
+        }
+        assert_eq!(firsts.len(), 1);
+        assert!(later.len() >= 6, "later turns spread: {later:?}");
+        // A short system prompt: the group holds the user's text, and a
+        // later turn stays with it.
+        let own = |turns: usize| {
+            let mut m = vec![r#"{"role":"system","content":"Be brief."}"#.to_string()];
+            for t in 0..turns {
+                m.push(format!(
+                    r#"{{"role":"user","content":"{} {t}"}}"#,
+                    "my document ".repeat(500)
+                ));
+                m.push(r#"{"role":"assistant","content":"ok"}"#.to_string());
+            }
+            m.pop();
+            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
+        };
+        let (h1, k1) = host(decide(
+            &r,
+            Api::ChatCompletions,
+            own(1).as_bytes(),
+            None,
+            &idle,
+            0,
+        ));
+        let (h2, _) = host(decide(
+            &r,
+            Api::ChatCompletions,
+            own(2).as_bytes(),
+            None,
+            &idle,
+            0,
+        ));
+        assert!(!k1.preamble_group);
+        assert_eq!((h1, h2), (r.ring.walk(k1.group).next().unwrap(), h1));
     }
 
     #[test]
@@ -1305,6 +1419,7 @@ mod tests {
                 prompt_bytes: 12,
                 group: 0xab,
                 anchored: true,
+                preamble_group: false,
             },
             cached: None,
             moved: false,

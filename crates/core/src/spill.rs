@@ -10,6 +10,14 @@
 //!    ring successors. The first candidate `o` is where every proxy sends
 //!    the request, so every proxy presumes it holds the prompt, or will
 //!    after this request: a conversation's next turn comes back to it.
+//!    A later turn whose group lies wholly in the preamble
+//!    ([`crate::Key::preamble_group`]: a system prompt or tools longer than
+//!    `key.prefix_bytes`) has no group candidate: an application's preamble
+//!    is shared by all its conversations and soon held by every replica, so
+//!    its owner would otherwise take every conversation's later turns (the
+//!    suite's multi-turn and agentic workloads: TTFT p90 several times the
+//!    plain ring's); its first turn still goes to the group's owner, where
+//!    single prompts sharing the preamble meet.
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
 //! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
