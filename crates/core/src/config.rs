@@ -350,7 +350,6 @@ pub enum CostMode {
     Off,
 }
 
-
 /// The value of a string field that must be one of `options` (its name
 /// and value); otherwise an error naming the field, the value and the
 /// names allowed (`must be "a" or "b"`).
@@ -2103,7 +2102,10 @@ mod tests {
         )
         .unwrap();
         assert!(c.cost.enabled);
-        assert!(c.cost.learn_prefill, "the index rule learns the prefill rate");
+        assert!(
+            c.cost.learn_prefill,
+            "the index rule learns the prefill rate"
+        );
         assert_eq!(c.cost.params.service_s, 0.25);
         assert_eq!(c.cost.params.prefill_tokens_per_s, 8000.0);
         assert_eq!(c.cost.index.host_tokens, 1000);
@@ -2114,7 +2116,10 @@ mod tests {
         for (json, field) in [
             (r#"{"mode":"maybe"}"#, "cost.mode"),
             (r#"{"prefill_tokens_per_s":0}"#, "cost.prefill_tokens_per_s"),
-            (r#"{"prefill_tokens_per_s":2e9}"#, "cost.prefill_tokens_per_s"),
+            (
+                r#"{"prefill_tokens_per_s":2e9}"#,
+                "cost.prefill_tokens_per_s",
+            ),
             (r#"{"bytes_per_token":-1}"#, "cost.bytes_per_token"),
             (r#"{"service_s":-0.1}"#, "cost.service_s"),
             (r#"{"service_s":1e9}"#, "cost.service_s"),

@@ -62,8 +62,8 @@ use std::borrow::Cow;
 
 use crate::hash;
 use crate::json_stream::{
-    colon, decode_str, fast_skip, scan_special, skip_lit, skip_number, skip_value, str_is, ws,
-    Canon, Fail, Frames, NoOut, Put, Res, SmallOut, StrOut,
+    colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number, skip_value,
+    str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut, StrOut,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -716,7 +716,7 @@ impl<'a> Scan<'a> {
     }
 }
 
-const STAGE: usize = 512;
+const STAGE: usize = 1024;
 
 /// Batches small writes to the sink (the stream is the same bytes).
 struct Out<'s, S: PromptSink> {
@@ -726,14 +726,19 @@ struct Out<'s, S: PromptSink> {
 }
 
 impl<S: PromptSink> Out<'_, S> {
-    #[inline]
+    #[inline(always)]
     fn put(&mut self, x: &[u8]) {
         let len = self.len;
         if let Some(d) = self.buf.get_mut(len..len + x.len()) {
             d.copy_from_slice(x);
-            self.len += x.len();
-            return;
+            self.len = len + x.len();
+        } else {
+            self.spill(x);
         }
+    }
+
+    #[inline(never)]
+    fn spill(&mut self, x: &[u8]) {
         self.flush();
         match self.buf.get_mut(..x.len()) {
             Some(d) if x.len() < STAGE / 2 => {
@@ -742,6 +747,14 @@ impl<S: PromptSink> Out<'_, S> {
             }
             _ => self.sink.write(x),
         }
+    }
+
+    /// `h` as 16 lowercase hex digits, written as two words (not built in
+    /// memory and copied: the copy would wait on the partial stores).
+    #[inline]
+    fn put_hex(&mut self, h: u64) {
+        self.put(&hex8((h >> 32) as u32));
+        self.put(&hex8(h as u32));
     }
 
     fn flush(&mut self) {
@@ -829,16 +842,8 @@ impl Put for PartHasher {
     }
 }
 
-/// `GS part GS hex`.
-fn marker_part(hex: &[u8; 16]) -> [u8; 22] {
-    let mut m = [
-        0x1D, b'p', b'a', b'r', b't', 0x1D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ];
-    if let Some(t) = m.get_mut(6..) {
-        t.copy_from_slice(hex);
-    }
-    m
-}
+/// `GS part GS`: the head of a marker of a value without a `type`.
+const PART_HEAD: &[u8; 6] = &[0x1D, b'p', b'a', b'r', b't', 0x1D];
 
 /// If the value at `i` is at most 7 bytes long (found without checking
 /// it): its bytes and length as a key, and its end.
@@ -867,10 +872,11 @@ fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     Some((key, end))
 }
 
-/// Markers of short values by their bytes (direct-mapped, 64 entries).
+/// Marker hashes of short values by their bytes (direct-mapped, 64
+/// entries).
 struct Memo {
     keys: [u64; 64],
-    hex: [[u8; 16]; 64],
+    hash: [u64; 64],
 }
 
 impl Memo {
@@ -878,21 +884,22 @@ impl Memo {
         // Key 0 is no value's key (it holds the length above the bytes).
         Memo {
             keys: [0; 64],
-            hex: [[0; 16]; 64],
+            hash: [0; 64],
         }
     }
     fn slot(key: u64) -> usize {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
     }
-    fn get(&self, key: u64) -> Option<[u8; 16]> {
+    #[inline]
+    fn get(&self, key: u64) -> Option<u64> {
         let s = Self::slot(key);
-        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s).copied())?
+        (self.keys.get(s) == Some(&key)).then(|| self.hash.get(s).copied())?
     }
-    fn put(&mut self, key: u64, hex: [u8; 16]) {
+    fn put(&mut self, key: u64, hash: u64) {
         let s = Self::slot(key);
-        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
+        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hash.get_mut(s)) {
             *k = key;
-            *h = hex;
+            *h = hash;
         }
     }
 }
@@ -1190,26 +1197,44 @@ impl<S: PromptSink> Em<'_, '_, S> {
         // so repeating one small part costs a lookup.
         let short = short_value(b, i);
         if let Some((key, end)) = short {
-            if let Some(hex) = self.memo.get(key) {
-                self.out.put(&marker_part(&hex));
+            if let Some(h) = self.memo.get(key) {
+                self.out.put(PART_HEAD);
+                self.out.put_hex(h);
+                return Ok(end);
+            }
+        }
+        // A number that prints as itself: its canonical JSON is its token.
+        if let Some(b'-' | b'0'..=b'9') = b.get(i) {
+            let end = skip_number(b, i)?;
+            let tok = b.get(i..end).unwrap_or(&[]);
+            if number_is_plain(tok) {
+                let h = hash::hash(tok, hash::PART_SEED);
+                self.out.put(PART_HEAD);
+                self.out.put_hex(h);
+                if let Some((key, e)) = short {
+                    if e == end {
+                        self.memo.put(key, h);
+                    }
+                }
                 return Ok(end);
             }
         }
         self.part.reset();
         let (end, ty) = self.canon.write(b, i, &mut self.part)?;
-        let hex = hex16(self.part.finish());
+        let h = self.part.finish();
         match ty {
             Some(t) if b.get(t) == Some(&b'"') => {
                 self.out.put(GS);
                 decode_str(b, t + 1, true, &mut self.out)?;
                 self.out.put(GS);
-                self.out.put(&hex);
+                self.out.put_hex(h);
             }
             _ => {
-                self.out.put(&marker_part(&hex));
+                self.out.put(PART_HEAD);
+                self.out.put_hex(h);
                 if let Some((key, e)) = short {
                     if e == end {
-                        self.memo.put(key, hex);
+                        self.memo.put(key, h);
                     }
                 }
             }
@@ -1315,19 +1340,23 @@ impl<S: PromptSink> Em<'_, '_, S> {
     }
 }
 
+/// `x` as 8 lowercase hex digits, most significant first.
+#[inline]
+fn hex8(x: u32) -> [u8; 8] {
+    // Each nibble into its own byte (nibble k in byte k), then to ASCII:
+    // '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
+    let mut v = u64::from(x);
+    v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
+    v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
+    v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+    let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
+}
+
 /// `h` as 16 lowercase hex digits, most significant first.
+#[cfg(test)]
 fn hex16(h: u64) -> [u8; 16] {
-    // Each nibble of a 32-bit half into its own byte (nibble k in byte k),
-    // then to ASCII: '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
-    fn half(x: u32) -> [u8; 8] {
-        let mut v = u64::from(x);
-        v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
-        v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
-        v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
-        let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
-        (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
-    }
-    let (hi, lo) = (half((h >> 32) as u32), half(h as u32));
+    let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
     let mut out = [0u8; 16];
     let (a, b) = out.split_at_mut(8);
     a.copy_from_slice(&hi);

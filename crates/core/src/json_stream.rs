@@ -681,9 +681,59 @@ impl Put for Vec<u8> {
     }
 }
 
+/// Bytes of canonical JSON staged before they reach the caller's [`Put`].
+const STAGE: usize = 1024;
+
+/// Batches the many small writes of canonical JSON (a brace, a quote, a
+/// key) in a buffer on the stack: one dynamic call and one large write into
+/// the caller's sink (e.g. a streaming hasher) per kilobyte instead of per
+/// token. The bytes are the same.
+pub(crate) struct Stage<'p> {
+    buf: &'p mut [u8],
+    len: usize,
+    out: &'p mut dyn Put,
+}
+
+impl<'p> Stage<'p> {
+    fn new(buf: &'p mut [u8], out: &'p mut dyn Put) -> Self {
+        Stage { buf, len: 0, out }
+    }
+
+    #[inline(always)]
+    fn put(&mut self, x: &[u8]) {
+        let len = self.len;
+        if let Some(d) = self.buf.get_mut(len..len + x.len()) {
+            d.copy_from_slice(x);
+            self.len = len + x.len();
+        } else {
+            self.spill(x);
+        }
+    }
+
+    #[inline(never)]
+    fn spill(&mut self, x: &[u8]) {
+        self.flush();
+        let small = x.len() < self.buf.len() / 2;
+        match self.buf.get_mut(..x.len()) {
+            Some(d) if small => {
+                d.copy_from_slice(x);
+                self.len = x.len();
+            }
+            _ => self.out.put(x),
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.len > 0 {
+            self.out.put(self.buf.get(..self.len).unwrap_or(&[]));
+            self.len = 0;
+        }
+    }
+}
+
 /// Re-escapes a decoded string as serde_json's serializer does.
-struct Escaper<'p>(&'p mut dyn Put);
-impl StrOut for Escaper<'_> {
+struct Escaper<'s, 'p>(&'s mut Stage<'p>);
+impl StrOut for Escaper<'_, '_> {
     #[inline]
     fn raw(&mut self, seg: &[u8]) {
         self.0.put(seg);
@@ -710,7 +760,7 @@ impl StrOut for Escaper<'_> {
 
 /// Whether a number token prints as itself in serde_json (an integer that
 /// fits u64 or i64, other than `-0`).
-fn number_is_plain(tok: &[u8]) -> bool {
+pub(crate) fn number_is_plain(tok: &[u8]) -> bool {
     let digits = match tok.split_first() {
         Some((b'-', rest)) => {
             if rest == b"0" || rest.len() > 18 {
@@ -736,7 +786,7 @@ fn number_value(tok: &[u8], at: usize) -> Res<serde_json::Number> {
 }
 
 /// Write a number token as serde_json prints its parsed value.
-fn put_number(tok: &[u8], at: usize, out: &mut dyn Put) -> Res<()> {
+fn put_number(tok: &[u8], at: usize, out: &mut Stage) -> Res<()> {
     if number_is_plain(tok) {
         out.put(tok);
         return Ok(());
@@ -767,6 +817,8 @@ pub struct Canon {
     /// The two passes' stacks (kept to spare their initialization per value).
     ix: Vec<IxFrame>,
     em: Vec<EmFrame>,
+    /// The buffer of [`Stage`] (allocated at the first value).
+    stage: Vec<u8>,
 }
 
 /// The first pass's record: which objects to write in another order.
@@ -887,11 +939,32 @@ impl Canon {
         if b.len() > u32::MAX as usize {
             return fail(0, "body too large");
         }
-        let out: &mut dyn Put = out;
+        let Canon {
+            tape,
+            ix,
+            em,
+            stage,
+        } = self;
+        if stage.len() < STAGE {
+            stage.resize(STAGE, 0);
+        }
+        let mut out = Stage::new(stage, out);
+        let r = Self::write_staged(tape, ix, em, b, i, &mut out);
+        out.flush();
+        r
+    }
+
+    fn write_staged(
+        tape: &mut Tape,
+        ix: &mut Vec<IxFrame>,
+        em: &mut Vec<EmFrame>,
+        b: &[u8],
+        i: usize,
+        out: &mut Stage,
+    ) -> Res<(usize, Option<usize>)> {
         if !matches!(b.get(i), Some(b'[' | b'{')) {
             return Ok((scalar(b, i, out)?, None));
         }
-        let Canon { tape, ix, em } = self;
         tape.members.clear();
         tape.blocks.clear();
         tape.index.clear();
@@ -912,7 +985,7 @@ impl Canon {
 }
 
 /// Canonical JSON of the scalar at `i` (checked as serde parses it).
-fn scalar(b: &[u8], i: usize, out: &mut dyn Put) -> Res<usize> {
+fn scalar(b: &[u8], i: usize, out: &mut Stage) -> Res<usize> {
     match b.get(i) {
         Some(b'"') => {
             out.put(b"\"");
@@ -1168,7 +1241,7 @@ impl Tape {
     }
 
     /// Write `"key":` for the key at `q`; returns the index of its value.
-    fn put_key(b: &[u8], q: usize, out: &mut dyn Put) -> Res<usize> {
+    fn put_key(b: &[u8], q: usize, out: &mut Stage) -> Res<usize> {
         out.put(b"\"");
         let j = decode_str(b, q + 1, true, &mut Escaper(out))?;
         out.put(b"\":");
@@ -1184,7 +1257,7 @@ impl Tape {
         i: &mut usize,
         at_start: bool,
         written: &mut bool,
-        out: &mut dyn Put,
+        out: &mut Stage,
     ) -> Res<Option<usize>> {
         let mut at_start = at_start;
         loop {
@@ -1216,7 +1289,7 @@ impl Tape {
     }
 
     /// Second pass: write.
-    fn emit(&self, b: &[u8], i: usize, out: &mut dyn Put, stack: &mut [EmFrame]) -> Res<usize> {
+    fn emit(&self, b: &[u8], i: usize, out: &mut Stage, stack: &mut [EmFrame]) -> Res<usize> {
         let mut d = 0usize;
         let mut i = i;
         loop {
