@@ -872,11 +872,11 @@ fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     Some((key, end))
 }
 
-/// Marker hashes of short values by their bytes (direct-mapped, 64
-/// entries).
+/// Marker hashes of short values (in hex) by their bytes (direct-mapped,
+/// 64 entries).
 struct Memo {
     keys: [u64; 64],
-    hash: [u64; 64],
+    hex: [[u8; 16]; 64],
 }
 
 impl Memo {
@@ -884,22 +884,24 @@ impl Memo {
         // Key 0 is no value's key (it holds the length above the bytes).
         Memo {
             keys: [0; 64],
-            hash: [0; 64],
+            hex: [[0; 16]; 64],
         }
     }
     fn slot(key: u64) -> usize {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
     }
+    /// The hex digits of the marker of the value whose key is `key`, in
+    /// place (copied once, into the stream).
     #[inline]
-    fn get(&self, key: u64) -> Option<u64> {
+    fn get(&self, key: u64) -> Option<&[u8; 16]> {
         let s = Self::slot(key);
-        (self.keys.get(s) == Some(&key)).then(|| self.hash.get(s).copied())?
+        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s))?
     }
     fn put(&mut self, key: u64, hash: u64) {
         let s = Self::slot(key);
-        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hash.get_mut(s)) {
+        if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
             *k = key;
-            *h = hash;
+            *h = hex16(hash);
         }
     }
 }
@@ -1197,9 +1199,9 @@ impl<S: PromptSink> Em<'_, '_, S> {
         // so repeating one small part costs a lookup.
         let short = short_value(b, i);
         if let Some((key, end)) = short {
-            if let Some(h) = self.memo.get(key) {
+            if let Some(hex) = self.memo.get(key) {
                 self.out.put(PART_HEAD);
-                self.out.put_hex(h);
+                self.out.put(hex);
                 return Ok(end);
             }
         }
@@ -1354,7 +1356,6 @@ fn hex8(x: u32) -> [u8; 8] {
 }
 
 /// `h` as 16 lowercase hex digits, most significant first.
-#[cfg(test)]
 fn hex16(h: u64) -> [u8; 16] {
     let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
     let mut out = [0u8; 16];

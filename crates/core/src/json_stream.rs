@@ -344,8 +344,19 @@ fn escape_char(b: &[u8], i: usize) -> Res<(char, usize)> {
 }
 
 /// Skip a number starting at `i` (`-` or a digit), by JSON's grammar.
-#[inline]
-pub fn skip_number(b: &[u8], mut i: usize) -> Res<usize> {
+#[inline(always)]
+pub fn skip_number(b: &[u8], i: usize) -> Res<usize> {
+    // A lone digit (the common element of a number-heavy body) inline.
+    if let (Some(b'0'..=b'9'), next) = (b.get(i), b.get(i + 1)) {
+        if !matches!(next, Some(b'0'..=b'9' | b'.' | b'e' | b'E')) {
+            return Ok(i + 1);
+        }
+    }
+    skip_number_at(b, i)
+}
+
+/// [`skip_number`] out of line.
+fn skip_number_at(b: &[u8], mut i: usize) -> Res<usize> {
     if b.get(i) == Some(&b'-') {
         i += 1;
     }
@@ -760,6 +771,7 @@ impl StrOut for Escaper<'_, '_> {
 
 /// Whether a number token prints as itself in serde_json (an integer that
 /// fits u64 or i64, other than `-0`).
+#[inline]
 pub(crate) fn number_is_plain(tok: &[u8]) -> bool {
     let digits = match tok.split_first() {
         Some((b'-', rest)) => {
@@ -874,6 +886,7 @@ impl Arena {
         self.len
     }
 
+    #[inline]
     fn push(&mut self, x: u32) {
         let c = self.len / ARENA_CHUNK;
         if c == self.chunks.len() {
@@ -885,6 +898,7 @@ impl Arena {
         }
     }
 
+    #[inline]
     fn get(&self, pos: usize) -> Option<u32> {
         self.chunks
             .get(pos / ARENA_CHUNK)?
