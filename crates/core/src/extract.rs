@@ -385,6 +385,9 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
         None => return fail(i, "EOF while parsing a value"),
     }
     let end = each(b, i, |j| {
+        if let Some(end) = empty_object(b, j) {
+            return Ok(end);
+        }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         while let Some((id, v)) = m.next(b)? {
             m.i = match id {
@@ -417,6 +420,17 @@ fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option
         };
     }
     Ok((m.i, user_id))
+}
+
+/// If `i` is at an empty object `{}` (whitespace allowed inside): the index
+/// after it.
+#[inline]
+fn empty_object(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    let j = ws(b, i + 1);
+    (b.get(j) == Some(&b'}')).then_some(j + 1)
 }
 
 /// Call `f` with where each element of the array at `i` (its `[`) starts;
@@ -1027,6 +1041,18 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// written as a message or, if it is not one, as a marker.
     fn message(&mut self, i: usize, item: bool) -> Res<usize> {
         let b = self.b;
+        if let Some(end) = empty_object(b, i) {
+            // No role, no content: as below, without the walk.
+            if item {
+                self.out.put(RS);
+                self.marker(i)?;
+            } else {
+                self.out.put(RS);
+                self.out.put(US);
+            }
+            self.wrote += 1;
+            return Ok(end);
+        }
         let mut at: [Option<usize>; 6] = [None; 6];
         let mut seen = [false; 6];
         let mut streamed = false;
@@ -1147,7 +1173,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// A content part at `i`: its text, or a marker.
     fn part(&mut self, i: usize) -> Res<usize> {
         let b = self.b;
-        if b.get(i) != Some(&b'{') {
+        if b.get(i) != Some(&b'{') || empty_object(b, i).is_some() {
+            // Not an object, or one without a text: a marker.
             return self.marker(i);
         }
         // Whether the part's type (absent or null counts) is a text type.
