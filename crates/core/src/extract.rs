@@ -911,11 +911,13 @@ impl Memo {
         let s = Self::slot(key);
         (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s))?
     }
-    fn put(&mut self, key: u64, hash: u64) {
+    fn put(&mut self, key: u64, hi: &[u8; 8], lo: &[u8; 8]) {
         let s = Self::slot(key);
         if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
             *k = key;
-            *h = hex16(hash);
+            let (a, b) = h.split_at_mut(8);
+            a.copy_from_slice(hi);
+            b.copy_from_slice(lo);
         }
     }
 }
@@ -1238,13 +1240,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
             let tok = b.get(i..end).unwrap_or(&[]);
             if number_is_plain(tok) {
                 let h = hash::hash(tok, hash::PART_SEED);
-                self.out.put(PART_HEAD);
-                self.out.put_hex(h);
-                if let Some((key, e)) = short {
-                    if e == end {
-                        self.memo.put(key, h);
-                    }
-                }
+                self.part_marker(h, short.filter(|s| s.1 == end).map(|s| s.0));
                 return Ok(end);
             }
         }
@@ -1258,17 +1254,20 @@ impl<S: PromptSink> Em<'_, '_, S> {
                 self.out.put(GS);
                 self.out.put_hex(h);
             }
-            _ => {
-                self.out.put(PART_HEAD);
-                self.out.put_hex(h);
-                if let Some((key, e)) = short {
-                    if e == end {
-                        self.memo.put(key, h);
-                    }
-                }
-            }
+            _ => self.part_marker(h, short.filter(|s| s.1 == end).map(|s| s.0)),
         }
         Ok(end)
+    }
+
+    /// `GS part GS hex(h)`; memoized under `key` if given.
+    fn part_marker(&mut self, h: u64, key: Option<u64>) {
+        let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
+        self.out.put(PART_HEAD);
+        self.out.put(&hi);
+        self.out.put(&lo);
+        if let Some(key) = key {
+            self.memo.put(key, &hi, &lo);
+        }
     }
 
     /// Completions `prompt`: string, array of strings, token ids, or arrays
@@ -1383,6 +1382,7 @@ fn hex8(x: u32) -> [u8; 8] {
 }
 
 /// `h` as 16 lowercase hex digits, most significant first.
+#[cfg(test)]
 fn hex16(h: u64) -> [u8; 16] {
     let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
     let mut out = [0u8; 16];
