@@ -62,8 +62,9 @@ use std::borrow::Cow;
 
 use crate::hash;
 use crate::json_stream::{
-    colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number, skip_value,
-    str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut, StrOut,
+    colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number,
+    skip_number_fast, skip_value, str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut,
+    StrOut,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -740,7 +741,7 @@ struct Out<'s, S: PromptSink> {
 }
 
 impl<S: PromptSink> Out<'_, S> {
-    #[inline(always)]
+    #[inline]
     fn put(&mut self, x: &[u8]) {
         let len = self.len;
         if let Some(d) = self.buf.get_mut(len..len + x.len()) {
@@ -863,7 +864,7 @@ const PART_HEAD: &[u8; 6] = &[0x1D, b'p', b'a', b'r', b't', 0x1D];
 /// it): its bytes and length as a key, and its end.
 fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     let end = match b.get(i)? {
-        b'-' | b'0'..=b'9' => skip_number(b, i).ok()?,
+        b'-' | b'0'..=b'9' => skip_number_fast(b, i).ok()?,
         b'"' => {
             let (j, _) = scan_special(b, i + 1);
             (b.get(j) == Some(&b'"')).then_some(j + 1)?
@@ -1043,17 +1044,15 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// written as a message or, if it is not one, as a marker.
     fn message(&mut self, i: usize, item: bool) -> Res<usize> {
         let b = self.b;
-        if let Some(end) = empty_object(b, i) {
+        match empty_object(b, i) {
             // No role, no content: as below, without the walk.
-            if item {
-                self.out.put(RS);
-                self.marker(i)?;
-            } else {
+            Some(end) if !item => {
                 self.out.put(RS);
                 self.out.put(US);
+                self.wrote += 1;
+                return Ok(end);
             }
-            self.wrote += 1;
-            return Ok(end);
+            _ => {}
         }
         let mut at: [Option<usize>; 6] = [None; 6];
         let mut seen = [false; 6];

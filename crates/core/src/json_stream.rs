@@ -343,20 +343,21 @@ fn escape_char(b: &[u8], i: usize) -> Res<(char, usize)> {
     Ok((one, i + 1))
 }
 
-/// Skip a number starting at `i` (`-` or a digit), by JSON's grammar.
+/// [`skip_number`] with a lone digit (the element of a number-heavy body)
+/// taken inline.
 #[inline(always)]
-pub fn skip_number(b: &[u8], i: usize) -> Res<usize> {
-    // A lone digit (the common element of a number-heavy body) inline.
+pub fn skip_number_fast(b: &[u8], i: usize) -> Res<usize> {
     if let (Some(b'0'..=b'9'), next) = (b.get(i), b.get(i + 1)) {
         if !matches!(next, Some(b'0'..=b'9' | b'.' | b'e' | b'E')) {
             return Ok(i + 1);
         }
     }
-    skip_number_at(b, i)
+    skip_number(b, i)
 }
 
-/// [`skip_number`] out of line.
-fn skip_number_at(b: &[u8], mut i: usize) -> Res<usize> {
+/// Skip a number starting at `i` (`-` or a digit), by JSON's grammar.
+#[inline(never)]
+pub fn skip_number(b: &[u8], mut i: usize) -> Res<usize> {
     if b.get(i) == Some(&b'-') {
         i += 1;
     }
@@ -472,7 +473,7 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
         i = ws(b, i);
         match b.get(i) {
             Some(b'"') => i = skip_str(b, i + 1, utf8)?,
-            Some(b'-' | b'0'..=b'9') => i = skip_number(b, i)?,
+            Some(b'-' | b'0'..=b'9') => i = skip_number_fast(b, i)?,
             Some(b'n') => i = skip_lit(b, i, b"null")?,
             Some(b't') => i = skip_lit(b, i, b"true")?,
             Some(b'f') => i = skip_lit(b, i, b"false")?,
@@ -710,7 +711,7 @@ impl<'p> Stage<'p> {
         Stage { buf, len: 0, out }
     }
 
-    #[inline(always)]
+    #[inline]
     fn put(&mut self, x: &[u8]) {
         let len = self.len;
         if let Some(d) = self.buf.get_mut(len..len + x.len()) {
@@ -771,7 +772,6 @@ impl StrOut for Escaper<'_, '_> {
 
 /// Whether a number token prints as itself in serde_json (an integer that
 /// fits u64 or i64, other than `-0`).
-#[inline]
 pub(crate) fn number_is_plain(tok: &[u8]) -> bool {
     let digits = match tok.split_first() {
         Some((b'-', rest)) => {
@@ -886,7 +886,6 @@ impl Arena {
         self.len
     }
 
-    #[inline]
     fn push(&mut self, x: u32) {
         let c = self.len / ARENA_CHUNK;
         if c == self.chunks.len() {
@@ -898,7 +897,6 @@ impl Arena {
         }
     }
 
-    #[inline]
     fn get(&self, pos: usize) -> Option<u32> {
         self.chunks
             .get(pos / ARENA_CHUNK)?
@@ -950,6 +948,10 @@ impl Canon {
         i: usize,
         out: &mut P,
     ) -> Res<(usize, Option<usize>)> {
+        self.write_dyn(b, i, out)
+    }
+
+    fn write_dyn(&mut self, b: &[u8], i: usize, out: &mut dyn Put) -> Res<(usize, Option<usize>)> {
         if b.len() > u32::MAX as usize {
             return fail(0, "body too large");
         }

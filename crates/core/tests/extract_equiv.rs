@@ -583,3 +583,32 @@ fn repeated_short_parts() {
         check_all(body.as_bytes());
     }
 }
+
+/// The element fast paths (empty objects as messages, parts and Responses
+/// items; numbers of every length as parts) give the reference's bytes.
+#[test]
+fn element_fast_paths() {
+    let nums = [
+        "7",
+        "-7",
+        "12345",
+        "1234567",
+        "12345678",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "0.5",
+        "1E2",
+    ];
+    let parts = format!("[{},{{}},{{ }},{}]", nums.join(","), nums.join(" , "));
+    let bodies = [
+        format!(r#"{{"messages":[{{}},{{ }},{{"role":"user","content":{parts}}},{{}}]}}"#),
+        format!(r#"{{"input":[{{}},{{"role":"user","content":{parts}}},{{ }}]}}"#),
+        r#"{"messages":[{},{"role":"user","content":"x"}],"input":[{},{"role":"user","content":"x"}]}"#
+            .to_string(),
+    ];
+    for body in &bodies {
+        check_all(body.as_bytes());
+    }
+}
