@@ -98,9 +98,20 @@ pub fn scan_special(b: &[u8], i: usize) -> (usize, bool) {
     let Some(rest) = b.get(i..) else {
         return (b.len(), false);
     };
+    // The first word alone first: most strings of an element-heavy body
+    // (keys, short values) end in it.
     let mut hi = false;
     let mut off = 0usize;
-    let mut it = rest.chunks_exact(16);
+    if let Some(c) = rest.first_chunk::<8>() {
+        let w = u64::from_le_bytes(*c);
+        hi = w & HIGH != 0;
+        let m = stop_mask(w);
+        if m != 0 {
+            return (i + (m.trailing_zeros() / 8) as usize, hi);
+        }
+        off = 8;
+    }
+    let mut it = rest.get(off..).unwrap_or(&[]).chunks_exact(16);
     for c in &mut it {
         let (x, y) = c.split_at(8);
         let (w0, w1) = (word(x), word(y));
@@ -640,9 +651,51 @@ fn str_bytes(b: &[u8], q: usize) -> StrBytes<'_> {
 /// Compare two (validated) strings by their decoded bytes, as `String`'s
 /// order; `x` and `y` are the offsets of their opening quotes.
 pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
+    // Eight bytes at a time while neither has an escape or its end.
+    let (mut p, mut q) = (x + 1, y + 1);
+    while let (Some(u), Some(v)) = (b.get(p..p + 8), b.get(q..q + 8)) {
+        let (u, v) = (word(u), word(v));
+        let (mu, mv) = (quote_mask(u), quote_mask(v));
+        let su = if mu == 0 {
+            64
+        } else {
+            mu.trailing_zeros() & !7
+        };
+        let sv = if mv == 0 {
+            64
+        } else {
+            mv.trailing_zeros() & !7
+        };
+        let s = su.min(sv);
+        let diff = u ^ v;
+        let d = if diff == 0 {
+            64
+        } else {
+            diff.trailing_zeros() & !7
+        };
+        if d < s {
+            // Both go on with plain bytes up to a first difference.
+            return ((u >> d) as u8).cmp(&((v >> d) as u8));
+        }
+        if s == 64 {
+            p += 8;
+            q += 8;
+            continue;
+        }
+        // Equal up to a quote or a backslash at byte s/8 of one or both.
+        let (cu, cv) = ((u >> s) as u8, (v >> s) as u8);
+        match (cu == b'"', cv == b'"') {
+            (true, true) => return Ordering::Equal,
+            (true, false) => return Ordering::Less,
+            (false, true) => return Ordering::Greater,
+            (false, false) => {
+                // An escape: decode.
+                return str_bytes(b, x).cmp(str_bytes(b, y));
+            }
+        }
+    }
     // Byte by byte while neither has an escape: equal so far means equal
     // decoded bytes so far; a closing quote ends the shorter string.
-    let (mut p, mut q) = (x + 1, y + 1);
     while let (Some(&c), Some(&d)) = (b.get(p), b.get(q)) {
         if c == b'\\' || d == b'\\' {
             break;
@@ -661,6 +714,17 @@ pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
         q += 1;
     }
     str_bytes(b, x).cmp(str_bytes(b, y))
+}
+
+/// High bit set in each byte of `w` that is `"` or `\` (the lowest set
+/// bit is exact; higher ones may be false positives).
+#[inline(always)]
+fn quote_mask(w: u64) -> u64 {
+    let q = w ^ (ONES * u64::from(b'"'));
+    let q = q.wrapping_sub(ONES) & !q;
+    let s = w ^ (ONES * u64::from(b'\\'));
+    let s = s.wrapping_sub(ONES) & !s;
+    (q | s) & HIGH
 }
 
 /// Whether the (validated) string at `q` decodes to `lit` (which has no
