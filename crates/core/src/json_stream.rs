@@ -163,7 +163,24 @@ fn hex4(b: &[u8], i: usize) -> Res<(u16, usize)> {
 /// Skip the rest of a string (`i` just after the opening quote), as serde's
 /// `ignore_str`; with `utf8`, its bytes must also be UTF-8 (a `RawValue`).
 /// Returns the index after the closing quote.
+#[inline]
 pub fn skip_str(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
+    // A short ASCII string without escapes (a key, a short value) inline.
+    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let w = u64::from_le_bytes(*c);
+        let m = stop_mask(w);
+        if m != 0 {
+            let at = (m.trailing_zeros() / 8) as usize;
+            if c.get(at) == Some(&b'"') && w & HIGH & (m - 1) == 0 {
+                return Ok(i + at + 1);
+            }
+        }
+    }
+    skip_str_at(b, i, utf8)
+}
+
+/// [`skip_str`] out of line.
+fn skip_str_at(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
     let start = i;
     let mut i = i;
     let mut hi = false;
@@ -1118,9 +1135,10 @@ impl Tape {
             match b.get(i) {
                 Some(b'"') => i = decode_str(b, i + 1, true, &mut NoOut)?,
                 Some(b'-' | b'0'..=b'9') => {
-                    let j = skip_number(b, i)?;
+                    let j = skip_number_fast(b, i)?;
                     let tok = b.get(i..j).unwrap_or(&[]);
-                    if !number_is_plain(tok) {
+                    // A lone digit is plain.
+                    if j > i + 1 && !number_is_plain(tok) {
                         number_value(tok, i)?;
                     }
                     i = j;
@@ -1383,8 +1401,14 @@ impl Tape {
                     out.put(b"\"");
                 }
                 Some(b'-' | b'0'..=b'9') => {
-                    let j = skip_number(b, i)?;
-                    put_number(b.get(i..j).unwrap_or(&[]), i, out)?;
+                    let j = skip_number_fast(b, i)?;
+                    let tok = b.get(i..j).unwrap_or(&[]);
+                    if j == i + 1 {
+                        // A lone digit prints as itself.
+                        out.put(tok);
+                    } else {
+                        put_number(tok, i, out)?;
+                    }
                     i = j;
                 }
                 Some(b'n') => {
