@@ -98,20 +98,9 @@ pub fn scan_special(b: &[u8], i: usize) -> (usize, bool) {
     let Some(rest) = b.get(i..) else {
         return (b.len(), false);
     };
-    // The first word alone first: most strings of an element-heavy body
-    // (keys, short values) end in it.
     let mut hi = false;
     let mut off = 0usize;
-    if let Some(c) = rest.first_chunk::<8>() {
-        let w = u64::from_le_bytes(*c);
-        hi = w & HIGH != 0;
-        let m = stop_mask(w);
-        if m != 0 {
-            return (i + (m.trailing_zeros() / 8) as usize, hi);
-        }
-        off = 8;
-    }
-    let mut it = rest.get(off..).unwrap_or(&[]).chunks_exact(16);
+    let mut it = rest.chunks_exact(16);
     for c in &mut it {
         let (x, y) = c.split_at(8);
         let (w0, w1) = (word(x), word(y));
@@ -290,6 +279,31 @@ impl StrOut for Vec<u8> {
 /// false its bytes must be UTF-8). Returns the index after the closing quote.
 #[inline]
 pub fn decode_str<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
+    decode_str_at(b, i, utf8_known, out)
+}
+
+/// [`decode_str`] with a short string without escapes (a key, a short
+/// value) in one step (for the walks of element-heavy values).
+#[inline]
+pub fn decode_str_fast<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
+    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let w = u64::from_le_bytes(*c);
+        let m = stop_mask(w);
+        if m != 0 {
+            let at = (m.trailing_zeros() / 8) as usize;
+            if c.get(at) == Some(&b'"') && (utf8_known || w & HIGH & (m - 1) == 0) {
+                if let Some(seg) = c.get(..at).filter(|s| !s.is_empty()) {
+                    out.raw(seg);
+                }
+                return Ok(i + at + 1);
+            }
+        }
+    }
+    decode_str_at(b, i, utf8_known, out)
+}
+
+#[inline]
+fn decode_str_at<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
     let mut i = i;
     loop {
         let (j, hi) = scan_special(b, i);
@@ -1117,7 +1131,7 @@ impl Tape {
     /// index of the member's value (after `:`).
     fn key(&mut self, b: &[u8], q: usize) -> Res<usize> {
         push_slow_growth(&mut self.members, q as u32);
-        colon(b, decode_str(b, q + 1, true, &mut NoOut)?)
+        colon(b, decode_str_fast(b, q + 1, true, &mut NoOut)?)
     }
 
     /// First pass: validate, and index the objects to reorder.
@@ -1341,7 +1355,7 @@ impl Tape {
     /// Write `"key":` for the key at `q`; returns the index of its value.
     fn put_key(b: &[u8], q: usize, out: &mut Stage) -> Res<usize> {
         out.put(b"\"");
-        let j = decode_str(b, q + 1, true, &mut Escaper(out))?;
+        let j = decode_str_fast(b, q + 1, true, &mut Escaper(out))?;
         out.put(b"\":");
         colon(b, j)
     }
