@@ -1235,7 +1235,10 @@ impl<S: PromptSink> Em<'_, '_, S> {
         }
         // A number that prints as itself: its canonical JSON is its token.
         if let Some(b'-' | b'0'..=b'9') = b.get(i) {
-            let end = skip_number(b, i)?;
+            let end = match short {
+                Some((_, e)) => e,
+                None => skip_number(b, i)?,
+            };
             let tok = b.get(i..end).unwrap_or(&[]);
             if number_is_plain(tok) {
                 let h = hash::hash(tok, hash::PART_SEED);
