@@ -1243,16 +1243,31 @@ impl Tape {
             return;
         };
         if ms.len() >= 2 {
-            ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
+            // Two members (the commonest reordered object): one comparison
+            // orders them and tells a duplicate (they are in body order).
+            let mut pair_dup = false;
+            if let [x, y] = ms {
+                match cmp_str(b, *x as usize, *y as usize) {
+                    Ordering::Greater => std::mem::swap(x, y),
+                    Ordering::Equal => pair_dup = true,
+                    Ordering::Less => {}
+                }
+            } else {
+                ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
+            }
+            let pair = ms.len() == 2;
             // Keep the last of equal keys, drop cache_control.
             let mut in_order = true;
             let mut prev_kept: Option<u32> = None;
             let mut kept = 0u32;
             for k in 0..ms.len() {
                 let Some(&off) = ms.get(k) else { break };
-                let dup_next = ms
-                    .get(k + 1)
-                    .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal);
+                let dup_next = if pair {
+                    k == 0 && pair_dup
+                } else {
+                    ms.get(k + 1)
+                        .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal)
+                };
                 if dup_next || str_is(b, off as usize, CACHE_CONTROL) {
                     in_order = false;
                     if let Some(m) = ms.get_mut(k) {

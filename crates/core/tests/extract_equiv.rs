@@ -612,3 +612,31 @@ fn element_fast_paths() {
         check_all(body.as_bytes());
     }
 }
+
+/// Two-member objects (ordered by one comparison): every order, duplicate
+/// keys however spelled, and `cache_control`, as the reference writes them.
+#[test]
+fn two_member_objects() {
+    let keys = [
+        r#""a""#,
+        r#""b""#,
+        r#""\u0061""#,
+        r#""ab""#,
+        r#""cache_control""#,
+        r#""cache\u005fcontrol""#,
+        r#""abcdefghij""#,
+        r#""abcdefghik""#,
+        r#""é""#,
+        r#""""#,
+    ];
+    for x in keys {
+        for y in keys {
+            let v = format!(r#"[{{{x}:1,{y}:2}},{{"o":{{{x}:[3],{y}:{{}}}}}}]"#);
+            assert_eq!(
+                canonical_json(v.as_bytes()).ok(),
+                canon_ref(v.as_bytes()).ok(),
+                "{v}"
+            );
+        }
+    }
+}
