@@ -50,7 +50,7 @@
 //! reordered plus 2 per such member: at most 1.2x the body's bytes, measured
 //! (`tests/memory.rs`). Time: O(body bytes), plus O(m log m) key comparisons
 //! for an object of m members. Element-heavy bodies still cost more per
-//! byte than text (a few ns per element, about 110 ns per object whose keys
+//! byte than text (a few ns per element, about 100 ns per object whose keys
 //! are reordered, and each non-text part is hashed and adds 22 bytes to the
 //! stream; markers of values of at most 7 bytes are memoized by their
 //! bytes, canonical JSON is staged in 1 KiB before it reaches the part
