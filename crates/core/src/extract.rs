@@ -38,7 +38,7 @@
 //! second walks the fields this API routes on in canonical order (so
 //! `tools` after `messages` still comes first) and writes text straight from
 //! the body into the sink (escapes decoded on the fly, small writes batched
-//! in a 512-byte buffer). A value is walked again only when its place in
+//! in a 1 KiB buffer). A value is walked again only when its place in
 //! the stream is decided by a later field (a message whose `role` follows
 //! its `content`, a part whose `type` follows its `text`) or when it is
 //! hashed as canonical JSON. [`peek_meta`] is a separate, lighter first pass
@@ -50,9 +50,11 @@
 //! reordered plus 2 per such member: at most 1.2x the body's bytes, measured
 //! (`tests/memory.rs`). Time: O(body bytes), plus O(m log m) key comparisons
 //! for an object of m members. Element-heavy bodies still cost more per
-//! byte than text (a few ns per element, and each non-text part is hashed
-//! and adds 22 bytes to the stream; markers of values of at most 7 bytes
-//! are memoized by their bytes).
+//! byte than text (a few ns per element, about 100 ns per object whose keys
+//! are reordered, and each non-text part is hashed and adds 22 bytes to the
+//! stream; markers of values of at most 7 bytes are memoized by their
+//! bytes, canonical JSON is staged in 1 KiB before it reaches the part
+//! hasher or the sink; see BENCHMARKS.md).
 //!
 //! Equivalence (bytes, anchor, metadata and error kind) is tested against
 //! the former serde extractor, kept in `tests/reference/`
@@ -62,8 +64,9 @@ use std::borrow::Cow;
 
 use crate::hash;
 use crate::json_stream::{
-    colon, decode_str, fast_skip, scan_special, skip_lit, skip_number, skip_value, str_is, ws,
-    Canon, Fail, Frames, NoOut, Put, Res, SmallOut, StrOut,
+    colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number,
+    skip_number_fast, skip_value, str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut,
+    StrOut,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -389,6 +392,9 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
         None => return fail(i, "EOF while parsing a value"),
     }
     let end = each(b, i, |j| {
+        if let Some(end) = empty_object(b, j) {
+            return Ok(end);
+        }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         while let Some((id, v)) = m.next(b)? {
             m.i = match id {
@@ -421,6 +427,17 @@ fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option
         };
     }
     Ok((m.i, user_id))
+}
+
+/// If `i` is at an empty object `{}` (whitespace allowed inside): the index
+/// after it.
+#[inline]
+fn empty_object(b: &[u8], i: usize) -> Option<usize> {
+    if b.get(i) != Some(&b'{') {
+        return None;
+    }
+    let j = ws(b, i + 1);
+    (b.get(j) == Some(&b'}')).then_some(j + 1)
 }
 
 /// Call `f` with where each element of the array at `i` (its `[`) starts;
@@ -721,7 +738,7 @@ impl<'a> Scan<'a> {
     }
 }
 
-const STAGE: usize = 512;
+const STAGE: usize = 1024;
 
 /// Batches small writes to the sink (the stream is the same bytes).
 struct Out<'s, S: PromptSink> {
@@ -736,9 +753,14 @@ impl<S: PromptSink> Out<'_, S> {
         let len = self.len;
         if let Some(d) = self.buf.get_mut(len..len + x.len()) {
             d.copy_from_slice(x);
-            self.len += x.len();
-            return;
+            self.len = len + x.len();
+        } else {
+            self.spill(x);
         }
+    }
+
+    #[inline(never)]
+    fn spill(&mut self, x: &[u8]) {
         self.flush();
         match self.buf.get_mut(..x.len()) {
             Some(d) if x.len() < STAGE / 2 => {
@@ -747,6 +769,14 @@ impl<S: PromptSink> Out<'_, S> {
             }
             _ => self.sink.write(x),
         }
+    }
+
+    /// `h` as 16 lowercase hex digits, written as two words (not built in
+    /// memory and copied: the copy would wait on the partial stores).
+    #[inline]
+    fn put_hex(&mut self, h: u64) {
+        self.put(&hex8((h >> 32) as u32));
+        self.put(&hex8(h as u32));
     }
 
     fn flush(&mut self) {
@@ -834,22 +864,14 @@ impl Put for PartHasher {
     }
 }
 
-/// `GS part GS hex`.
-fn marker_part(hex: &[u8; 16]) -> [u8; 22] {
-    let mut m = [
-        0x1D, b'p', b'a', b'r', b't', 0x1D, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-    ];
-    if let Some(t) = m.get_mut(6..) {
-        t.copy_from_slice(hex);
-    }
-    m
-}
+/// `GS part GS`: the head of a marker of a value without a `type`.
+const PART_HEAD: &[u8; 6] = &[0x1D, b'p', b'a', b'r', b't', 0x1D];
 
 /// If the value at `i` is at most 7 bytes long (found without checking
 /// it): its bytes and length as a key, and its end.
 fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     let end = match b.get(i)? {
-        b'-' | b'0'..=b'9' => skip_number(b, i).ok()?,
+        b'-' | b'0'..=b'9' => skip_number_fast(b, i).ok()?,
         b'"' => {
             let (j, _) = scan_special(b, i + 1);
             (b.get(j) == Some(&b'"')).then_some(j + 1)?
@@ -872,7 +894,8 @@ fn short_value(b: &[u8], i: usize) -> Option<(u64, usize)> {
     Some((key, end))
 }
 
-/// Markers of short values by their bytes (direct-mapped, 64 entries).
+/// Marker hashes of short values (in hex) by their bytes (direct-mapped,
+/// 64 entries).
 struct Memo {
     keys: [u64; 64],
     hex: [[u8; 16]; 64],
@@ -889,15 +912,20 @@ impl Memo {
     fn slot(key: u64) -> usize {
         (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
     }
-    fn get(&self, key: u64) -> Option<[u8; 16]> {
+    /// The hex digits of the marker of the value whose key is `key`, in
+    /// place (copied once, into the stream).
+    #[inline]
+    fn get(&self, key: u64) -> Option<&[u8; 16]> {
         let s = Self::slot(key);
-        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s).copied())?
+        (self.keys.get(s) == Some(&key)).then(|| self.hex.get(s))?
     }
-    fn put(&mut self, key: u64, hex: [u8; 16]) {
+    fn put(&mut self, key: u64, hi: &[u8; 8], lo: &[u8; 8]) {
         let s = Self::slot(key);
         if let (Some(k), Some(h)) = (self.keys.get_mut(s), self.hex.get_mut(s)) {
             *k = key;
-            *h = hex;
+            let (a, b) = h.split_at_mut(8);
+            a.copy_from_slice(hi);
+            b.copy_from_slice(lo);
         }
     }
 }
@@ -1035,6 +1063,16 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// written as a message or, if it is not one, as a marker.
     fn message(&mut self, i: usize, item: bool) -> Res<usize> {
         let b = self.b;
+        match empty_object(b, i) {
+            // No role, no content: as below, without the walk.
+            Some(end) if !item => {
+                self.out.put(RS);
+                self.out.put(US);
+                self.wrote += 1;
+                return Ok(end);
+            }
+            _ => {}
+        }
         let mut at: [Option<usize>; 6] = [None; 6];
         let mut seen = [false; 6];
         let mut streamed = false;
@@ -1158,7 +1196,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// A content part at `i`: its text, or a marker.
     fn part(&mut self, i: usize) -> Res<usize> {
         let b = self.b;
-        if b.get(i) != Some(&b'{') {
+        if b.get(i) != Some(&b'{') || empty_object(b, i).is_some() {
+            // Not an object, or one without a text: a marker.
             return self.marker(i);
         }
         // Whether the part's type (absent or null counts) is a text type.
@@ -1211,30 +1250,48 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let short = short_value(b, i);
         if let Some((key, end)) = short {
             if let Some(hex) = self.memo.get(key) {
-                self.out.put(&marker_part(&hex));
+                self.out.put(PART_HEAD);
+                self.out.put(hex);
+                return Ok(end);
+            }
+        }
+        // A number that prints as itself: its canonical JSON is its token.
+        if let Some(b'-' | b'0'..=b'9') = b.get(i) {
+            let end = match short {
+                Some((_, e)) => e,
+                None => skip_number(b, i)?,
+            };
+            let tok = b.get(i..end).unwrap_or(&[]);
+            if number_is_plain(tok) {
+                let h = hash::hash(tok, hash::PART_SEED);
+                self.part_marker(h, short.filter(|s| s.1 == end).map(|s| s.0));
                 return Ok(end);
             }
         }
         self.part.reset();
         let (end, ty) = self.canon.write(b, i, &mut self.part)?;
-        let hex = hex16(self.part.finish());
+        let h = self.part.finish();
         match ty {
             Some(t) if b.get(t) == Some(&b'"') => {
                 self.out.put(GS);
                 decode_str(b, t + 1, true, &mut self.out)?;
                 self.out.put(GS);
-                self.out.put(&hex);
+                self.out.put_hex(h);
             }
-            _ => {
-                self.out.put(&marker_part(&hex));
-                if let Some((key, e)) = short {
-                    if e == end {
-                        self.memo.put(key, hex);
-                    }
-                }
-            }
+            _ => self.part_marker(h, short.filter(|s| s.1 == end).map(|s| s.0)),
         }
         Ok(end)
+    }
+
+    /// `GS part GS hex(h)`; memoized under `key` if given.
+    fn part_marker(&mut self, h: u64, key: Option<u64>) {
+        let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
+        self.out.put(PART_HEAD);
+        self.out.put(&hi);
+        self.out.put(&lo);
+        if let Some(key) = key {
+            self.memo.put(key, &hi, &lo);
+        }
     }
 
     /// Completions `prompt`: string, array of strings, token ids, or arrays
@@ -1335,19 +1392,23 @@ impl<S: PromptSink> Em<'_, '_, S> {
     }
 }
 
+/// `x` as 8 lowercase hex digits, most significant first.
+#[inline]
+fn hex8(x: u32) -> [u8; 8] {
+    // Each nibble into its own byte (nibble k in byte k), then to ASCII:
+    // '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
+    let mut v = u64::from(x);
+    v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
+    v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
+    v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
+    let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
+    (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
+}
+
 /// `h` as 16 lowercase hex digits, most significant first.
+#[cfg(test)]
 fn hex16(h: u64) -> [u8; 16] {
-    // Each nibble of a 32-bit half into its own byte (nibble k in byte k),
-    // then to ASCII: '0' + n, plus 39 more for n >= 10 ('a' = '0' + 10 + 39).
-    fn half(x: u32) -> [u8; 8] {
-        let mut v = u64::from(x);
-        v = (v | v << 16) & 0x0000_FFFF_0000_FFFF;
-        v = (v | v << 8) & 0x00FF_00FF_00FF_00FF;
-        v = (v | v << 4) & 0x0F0F_0F0F_0F0F_0F0F;
-        let ge10 = ((v + 0x0606_0606_0606_0606) >> 4) & 0x0101_0101_0101_0101;
-        (v + 0x3030_3030_3030_3030 + ge10 * 39).to_be_bytes()
-    }
-    let (hi, lo) = (half((h >> 32) as u32), half(h as u32));
+    let (hi, lo) = (hex8((h >> 32) as u32), hex8(h as u32));
     let mut out = [0u8; 16];
     let (a, b) = out.split_at_mut(8);
     a.copy_from_slice(&hi);

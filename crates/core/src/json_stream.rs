@@ -152,7 +152,24 @@ fn hex4(b: &[u8], i: usize) -> Res<(u16, usize)> {
 /// Skip the rest of a string (`i` just after the opening quote), as serde's
 /// `ignore_str`; with `utf8`, its bytes must also be UTF-8 (a `RawValue`).
 /// Returns the index after the closing quote.
+#[inline]
 pub fn skip_str(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
+    // A short ASCII string without escapes (a key, a short value) inline.
+    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let w = u64::from_le_bytes(*c);
+        let m = stop_mask(w);
+        if m != 0 {
+            let at = (m.trailing_zeros() / 8) as usize;
+            if c.get(at) == Some(&b'"') && w & HIGH & (m - 1) == 0 {
+                return Ok(i + at + 1);
+            }
+        }
+    }
+    skip_str_at(b, i, utf8)
+}
+
+/// [`skip_str`] out of line.
+fn skip_str_at(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
     let start = i;
     let mut i = i;
     let mut hi = false;
@@ -262,6 +279,31 @@ impl StrOut for Vec<u8> {
 /// false its bytes must be UTF-8). Returns the index after the closing quote.
 #[inline]
 pub fn decode_str<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
+    decode_str_at(b, i, utf8_known, out)
+}
+
+/// [`decode_str`] with a short string without escapes (a key, a short
+/// value) in one step (for the walks of element-heavy values).
+#[inline]
+pub fn decode_str_fast<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
+    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let w = u64::from_le_bytes(*c);
+        let m = stop_mask(w);
+        if m != 0 {
+            let at = (m.trailing_zeros() / 8) as usize;
+            if c.get(at) == Some(&b'"') && (utf8_known || w & HIGH & (m - 1) == 0) {
+                if let Some(seg) = c.get(..at).filter(|s| !s.is_empty()) {
+                    out.raw(seg);
+                }
+                return Ok(i + at + 1);
+            }
+        }
+    }
+    decode_str_at(b, i, utf8_known, out)
+}
+
+#[inline]
+fn decode_str_at<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
     let mut i = i;
     loop {
         let (j, hi) = scan_special(b, i);
@@ -343,8 +385,20 @@ fn escape_char(b: &[u8], i: usize) -> Res<(char, usize)> {
     Ok((one, i + 1))
 }
 
+/// [`skip_number`] with a lone digit (the element of a number-heavy body)
+/// taken inline.
+#[inline(always)]
+pub fn skip_number_fast(b: &[u8], i: usize) -> Res<usize> {
+    if let (Some(b'0'..=b'9'), next) = (b.get(i), b.get(i + 1)) {
+        if !matches!(next, Some(b'0'..=b'9' | b'.' | b'e' | b'E')) {
+            return Ok(i + 1);
+        }
+    }
+    skip_number(b, i)
+}
+
 /// Skip a number starting at `i` (`-` or a digit), by JSON's grammar.
-#[inline]
+#[inline(never)]
 pub fn skip_number(b: &[u8], mut i: usize) -> Res<usize> {
     if b.get(i) == Some(&b'-') {
         i += 1;
@@ -461,7 +515,7 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
         i = ws(b, i);
         match b.get(i) {
             Some(b'"') => i = skip_str(b, i + 1, utf8)?,
-            Some(b'-' | b'0'..=b'9') => i = skip_number(b, i)?,
+            Some(b'-' | b'0'..=b'9') => i = skip_number_fast(b, i)?,
             Some(b'n') => i = skip_lit(b, i, b"null")?,
             Some(b't') => i = skip_lit(b, i, b"true")?,
             Some(b'f') => i = skip_lit(b, i, b"false")?,
@@ -628,9 +682,51 @@ fn str_bytes(b: &[u8], q: usize) -> StrBytes<'_> {
 /// Compare two (validated) strings by their decoded bytes, as `String`'s
 /// order; `x` and `y` are the offsets of their opening quotes.
 pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
+    // Eight bytes at a time while neither has an escape or its end.
+    let (mut p, mut q) = (x + 1, y + 1);
+    while let (Some(u), Some(v)) = (b.get(p..p + 8), b.get(q..q + 8)) {
+        let (u, v) = (word(u), word(v));
+        let (mu, mv) = (quote_mask(u), quote_mask(v));
+        let su = if mu == 0 {
+            64
+        } else {
+            mu.trailing_zeros() & !7
+        };
+        let sv = if mv == 0 {
+            64
+        } else {
+            mv.trailing_zeros() & !7
+        };
+        let s = su.min(sv);
+        let diff = u ^ v;
+        let d = if diff == 0 {
+            64
+        } else {
+            diff.trailing_zeros() & !7
+        };
+        if d < s {
+            // Both go on with plain bytes up to a first difference.
+            return ((u >> d) as u8).cmp(&((v >> d) as u8));
+        }
+        if s == 64 {
+            p += 8;
+            q += 8;
+            continue;
+        }
+        // Equal up to a quote or a backslash at byte s/8 of one or both.
+        let (cu, cv) = ((u >> s) as u8, (v >> s) as u8);
+        match (cu == b'"', cv == b'"') {
+            (true, true) => return Ordering::Equal,
+            (true, false) => return Ordering::Less,
+            (false, true) => return Ordering::Greater,
+            (false, false) => {
+                // An escape: decode.
+                return str_bytes(b, x).cmp(str_bytes(b, y));
+            }
+        }
+    }
     // Byte by byte while neither has an escape: equal so far means equal
     // decoded bytes so far; a closing quote ends the shorter string.
-    let (mut p, mut q) = (x + 1, y + 1);
     while let (Some(&c), Some(&d)) = (b.get(p), b.get(q)) {
         if c == b'\\' || d == b'\\' {
             break;
@@ -649,6 +745,17 @@ pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
         q += 1;
     }
     str_bytes(b, x).cmp(str_bytes(b, y))
+}
+
+/// High bit set in each byte of `w` that is `"` or `\` (the lowest set
+/// bit is exact; higher ones may be false positives).
+#[inline(always)]
+fn quote_mask(w: u64) -> u64 {
+    let q = w ^ (ONES * u64::from(b'"'));
+    let q = q.wrapping_sub(ONES) & !q;
+    let s = w ^ (ONES * u64::from(b'\\'));
+    let s = s.wrapping_sub(ONES) & !s;
+    (q | s) & HIGH
 }
 
 /// Whether the (validated) string at `q` decodes to `lit` (which has no
@@ -681,9 +788,59 @@ impl Put for Vec<u8> {
     }
 }
 
+/// Bytes of canonical JSON staged before they reach the caller's [`Put`].
+const STAGE: usize = 1024;
+
+/// Batches the many small writes of canonical JSON (a brace, a quote, a
+/// key) in a buffer on the stack: one dynamic call and one large write into
+/// the caller's sink (e.g. a streaming hasher) per kilobyte instead of per
+/// token. The bytes are the same.
+pub(crate) struct Stage<'p> {
+    buf: &'p mut [u8],
+    len: usize,
+    out: &'p mut dyn Put,
+}
+
+impl<'p> Stage<'p> {
+    fn new(buf: &'p mut [u8], out: &'p mut dyn Put) -> Self {
+        Stage { buf, len: 0, out }
+    }
+
+    #[inline]
+    fn put(&mut self, x: &[u8]) {
+        let len = self.len;
+        if let Some(d) = self.buf.get_mut(len..len + x.len()) {
+            d.copy_from_slice(x);
+            self.len = len + x.len();
+        } else {
+            self.spill(x);
+        }
+    }
+
+    #[inline(never)]
+    fn spill(&mut self, x: &[u8]) {
+        self.flush();
+        let small = x.len() < self.buf.len() / 2;
+        match self.buf.get_mut(..x.len()) {
+            Some(d) if small => {
+                d.copy_from_slice(x);
+                self.len = x.len();
+            }
+            _ => self.out.put(x),
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.len > 0 {
+            self.out.put(self.buf.get(..self.len).unwrap_or(&[]));
+            self.len = 0;
+        }
+    }
+}
+
 /// Re-escapes a decoded string as serde_json's serializer does.
-struct Escaper<'p>(&'p mut dyn Put);
-impl StrOut for Escaper<'_> {
+struct Escaper<'s, 'p>(&'s mut Stage<'p>);
+impl StrOut for Escaper<'_, '_> {
     #[inline]
     fn raw(&mut self, seg: &[u8]) {
         self.0.put(seg);
@@ -710,7 +867,7 @@ impl StrOut for Escaper<'_> {
 
 /// Whether a number token prints as itself in serde_json (an integer that
 /// fits u64 or i64, other than `-0`).
-fn number_is_plain(tok: &[u8]) -> bool {
+pub(crate) fn number_is_plain(tok: &[u8]) -> bool {
     let digits = match tok.split_first() {
         Some((b'-', rest)) => {
             if rest == b"0" || rest.len() > 18 {
@@ -736,7 +893,7 @@ fn number_value(tok: &[u8], at: usize) -> Res<serde_json::Number> {
 }
 
 /// Write a number token as serde_json prints its parsed value.
-fn put_number(tok: &[u8], at: usize, out: &mut dyn Put) -> Res<()> {
+fn put_number(tok: &[u8], at: usize, out: &mut Stage) -> Res<()> {
     if number_is_plain(tok) {
         out.put(tok);
         return Ok(());
@@ -767,6 +924,8 @@ pub struct Canon {
     /// The two passes' stacks (kept to spare their initialization per value).
     ix: Vec<IxFrame>,
     em: Vec<EmFrame>,
+    /// The buffer of [`Stage`] (allocated at the first value).
+    stage: Vec<u8>,
 }
 
 /// The first pass's record: which objects to write in another order.
@@ -884,14 +1043,39 @@ impl Canon {
         i: usize,
         out: &mut P,
     ) -> Res<(usize, Option<usize>)> {
+        self.write_dyn(b, i, out)
+    }
+
+    fn write_dyn(&mut self, b: &[u8], i: usize, out: &mut dyn Put) -> Res<(usize, Option<usize>)> {
         if b.len() > u32::MAX as usize {
             return fail(0, "body too large");
         }
-        let out: &mut dyn Put = out;
+        let Canon {
+            tape,
+            ix,
+            em,
+            stage,
+        } = self;
+        if stage.len() < STAGE {
+            stage.resize(STAGE, 0);
+        }
+        let mut out = Stage::new(stage, out);
+        let r = Self::write_staged(tape, ix, em, b, i, &mut out);
+        out.flush();
+        r
+    }
+
+    fn write_staged(
+        tape: &mut Tape,
+        ix: &mut Vec<IxFrame>,
+        em: &mut Vec<EmFrame>,
+        b: &[u8],
+        i: usize,
+        out: &mut Stage,
+    ) -> Res<(usize, Option<usize>)> {
         if !matches!(b.get(i), Some(b'[' | b'{')) {
             return Ok((scalar(b, i, out)?, None));
         }
-        let Canon { tape, ix, em } = self;
         tape.members.clear();
         tape.blocks.clear();
         tape.index.clear();
@@ -912,7 +1096,7 @@ impl Canon {
 }
 
 /// Canonical JSON of the scalar at `i` (checked as serde parses it).
-fn scalar(b: &[u8], i: usize, out: &mut dyn Put) -> Res<usize> {
+fn scalar(b: &[u8], i: usize, out: &mut Stage) -> Res<usize> {
     match b.get(i) {
         Some(b'"') => {
             out.put(b"\"");
@@ -947,7 +1131,7 @@ impl Tape {
     /// index of the member's value (after `:`).
     fn key(&mut self, b: &[u8], q: usize) -> Res<usize> {
         push_slow_growth(&mut self.members, q as u32);
-        colon(b, decode_str(b, q + 1, true, &mut NoOut)?)
+        colon(b, decode_str_fast(b, q + 1, true, &mut NoOut)?)
     }
 
     /// First pass: validate, and index the objects to reorder.
@@ -965,9 +1149,10 @@ impl Tape {
             match b.get(i) {
                 Some(b'"') => i = decode_str(b, i + 1, true, &mut NoOut)?,
                 Some(b'-' | b'0'..=b'9') => {
-                    let j = skip_number(b, i)?;
+                    let j = skip_number_fast(b, i)?;
                     let tok = b.get(i..j).unwrap_or(&[]);
-                    if !number_is_plain(tok) {
+                    // A lone digit is plain.
+                    if j > i + 1 && !number_is_plain(tok) {
                         number_value(tok, i)?;
                     }
                     i = j;
@@ -1058,16 +1243,31 @@ impl Tape {
             return;
         };
         if ms.len() >= 2 {
-            ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
+            // Two members (the commonest reordered object): one comparison
+            // orders them and tells a duplicate (they are in body order).
+            let mut pair_dup = false;
+            if let [x, y] = ms {
+                match cmp_str(b, *x as usize, *y as usize) {
+                    Ordering::Greater => std::mem::swap(x, y),
+                    Ordering::Equal => pair_dup = true,
+                    Ordering::Less => {}
+                }
+            } else {
+                ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
+            }
+            let pair = ms.len() == 2;
             // Keep the last of equal keys, drop cache_control.
             let mut in_order = true;
             let mut prev_kept: Option<u32> = None;
             let mut kept = 0u32;
             for k in 0..ms.len() {
                 let Some(&off) = ms.get(k) else { break };
-                let dup_next = ms
-                    .get(k + 1)
-                    .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal);
+                let dup_next = if pair {
+                    k == 0 && pair_dup
+                } else {
+                    ms.get(k + 1)
+                        .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal)
+                };
                 if dup_next || str_is(b, off as usize, CACHE_CONTROL) {
                     in_order = false;
                     if let Some(m) = ms.get_mut(k) {
@@ -1168,9 +1368,9 @@ impl Tape {
     }
 
     /// Write `"key":` for the key at `q`; returns the index of its value.
-    fn put_key(b: &[u8], q: usize, out: &mut dyn Put) -> Res<usize> {
+    fn put_key(b: &[u8], q: usize, out: &mut Stage) -> Res<usize> {
         out.put(b"\"");
-        let j = decode_str(b, q + 1, true, &mut Escaper(out))?;
+        let j = decode_str_fast(b, q + 1, true, &mut Escaper(out))?;
         out.put(b"\":");
         colon(b, j)
     }
@@ -1184,7 +1384,7 @@ impl Tape {
         i: &mut usize,
         at_start: bool,
         written: &mut bool,
-        out: &mut dyn Put,
+        out: &mut Stage,
     ) -> Res<Option<usize>> {
         let mut at_start = at_start;
         loop {
@@ -1216,7 +1416,7 @@ impl Tape {
     }
 
     /// Second pass: write.
-    fn emit(&self, b: &[u8], i: usize, out: &mut dyn Put, stack: &mut [EmFrame]) -> Res<usize> {
+    fn emit(&self, b: &[u8], i: usize, out: &mut Stage, stack: &mut [EmFrame]) -> Res<usize> {
         let mut d = 0usize;
         let mut i = i;
         loop {
@@ -1230,8 +1430,14 @@ impl Tape {
                     out.put(b"\"");
                 }
                 Some(b'-' | b'0'..=b'9') => {
-                    let j = skip_number(b, i)?;
-                    put_number(b.get(i..j).unwrap_or(&[]), i, out)?;
+                    let j = skip_number_fast(b, i)?;
+                    let tok = b.get(i..j).unwrap_or(&[]);
+                    if j == i + 1 {
+                        // A lone digit prints as itself.
+                        out.put(tok);
+                    } else {
+                        put_number(tok, i, out)?;
+                    }
                     i = j;
                 }
                 Some(b'n') => {

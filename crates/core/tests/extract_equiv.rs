@@ -583,3 +583,60 @@ fn repeated_short_parts() {
         check_all(body.as_bytes());
     }
 }
+
+/// The element fast paths (empty objects as messages, parts and Responses
+/// items; numbers of every length as parts) give the reference's bytes.
+#[test]
+fn element_fast_paths() {
+    let nums = [
+        "7",
+        "-7",
+        "12345",
+        "1234567",
+        "12345678",
+        "18446744073709551615",
+        "18446744073709551616",
+        "-9223372036854775808",
+        "-9223372036854775809",
+        "0.5",
+        "1E2",
+    ];
+    let parts = format!("[{},{{}},{{ }},{}]", nums.join(","), nums.join(" , "));
+    let bodies = [
+        format!(r#"{{"messages":[{{}},{{ }},{{"role":"user","content":{parts}}},{{}}]}}"#),
+        format!(r#"{{"input":[{{}},{{"role":"user","content":{parts}}},{{ }}]}}"#),
+        r#"{"messages":[{},{"role":"user","content":"x"}],"input":[{},{"role":"user","content":"x"}]}"#
+            .to_string(),
+    ];
+    for body in &bodies {
+        check_all(body.as_bytes());
+    }
+}
+
+/// Two-member objects (ordered by one comparison): every order, duplicate
+/// keys however spelled, and `cache_control`, as the reference writes them.
+#[test]
+fn two_member_objects() {
+    let keys = [
+        r#""a""#,
+        r#""b""#,
+        r#""\u0061""#,
+        r#""ab""#,
+        r#""cache_control""#,
+        r#""cache\u005fcontrol""#,
+        r#""abcdefghij""#,
+        r#""abcdefghik""#,
+        r#""é""#,
+        r#""""#,
+    ];
+    for x in keys {
+        for y in keys {
+            let v = format!(r#"[{{{x}:1,{y}:2}},{{"o":{{{x}:[3],{y}:{{}}}}}}]"#);
+            assert_eq!(
+                canonical_json(v.as_bytes()).ok(),
+                canon_ref(v.as_bytes()).ok(),
+                "{v}"
+            );
+        }
+    }
+}
