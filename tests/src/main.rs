@@ -5,6 +5,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
+//!                            [--hostcalls-hosts N1,N2,..]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
 //!                         [--cost-patch JSON]
 //! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
@@ -288,6 +289,10 @@ struct OverheadArgs {
     /// Approximate body sizes, bytes [default: 1000,16000,128000]
     #[arg(long, value_name = "B1,B2,..", value_delimiter = ',')]
     sizes: Vec<usize>,
+    /// Fleet sizes (configured hosts, each at least 4) to count host calls per request at;
+    /// 0 alone: skip that part
+    #[arg(long, value_name = "N1,N2,..", value_delimiter = ',', default_values_t = [4, 64, 1024])]
+    hostcalls_hosts: Vec<usize>,
 }
 
 /// `prefix-router-lab spike` options.
@@ -545,6 +550,14 @@ fn overhead(args: &OverheadArgs) -> Result<(), String> {
         opts.sizes = args.sizes.clone();
     }
     println!("{}", prefix_router_lab::overhead::run(&opts)?);
+    if args.hostcalls_hosts != [0] {
+        let rows = prefix_router_lab::hostcalls::measure(
+            &args.hostcalls_hosts,
+            20,
+            &serde_json::json!({}),
+        )?;
+        println!("{}", prefix_router_lab::hostcalls::table(&rows));
+    }
     Ok(())
 }
 
