@@ -718,7 +718,6 @@ impl Http {
 impl Http {
     fn done(&mut self) {
         self.release();
-        self.st.report_memory();
     }
 
     fn request_headers(&mut self, end_of_stream: bool) -> Action {
@@ -868,6 +867,8 @@ impl Context for Http {
     fn on_done(&mut self) -> bool {
         self.counted(Http::done);
         self.report_calls();
+        // Bookkeeping of the VM, not of this request: not counted.
+        self.st.report_memory();
         true
     }
 }
