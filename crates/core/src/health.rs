@@ -149,7 +149,7 @@ impl HealthState {
         now_ms < self.ejected_until_ms
     }
 
-    /// The state after one try (pure; used by [`record`]); `true` if it
+    /// The state after one try (pure; used by [`crate::host_state::record_health`]); `true` if it
     /// ejects the host.
     pub fn after(self, outcome: Outcome, now_ms: u64, cfg: &HealthConfig) -> (HealthState, bool) {
         let (failures, unreachable) = match outcome {

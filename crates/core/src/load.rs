@@ -29,8 +29,9 @@
 //!
 //! ## Sharing across worker threads
 //! Envoy runs one wasm VM per worker thread. In-flight counts and reports live
-//! in proxy-wasm shared data (process-wide), reached through the small
-//! [`SharedStore`] trait ([`crate::store`]) so this module has no
+//! in proxy-wasm shared data (process-wide), one record per host
+//! ([`crate::host_state`]), reached through the small
+//! [`crate::store::SharedStore`] trait so this module has no
 //! proxy-wasm dependency. Counts are updated with compare-and-swap retry
 //! loops: no lost updates.
 

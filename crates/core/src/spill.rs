@@ -67,8 +67,9 @@
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
-//! candidate; the bound reads the total load (O(hosts) today, from the
-//! loads the caller already gathered).
+//! candidate ([`place_by`] asks about those hosts only, and about the rest
+//! of the walk only when every candidate is over its bound); the bound's
+//! total load comes in as one number ([`Hosts::total`]).
 
 use crate::ring::{Bound, Ring};
 
