@@ -67,8 +67,8 @@
 //! ## Pending prefill tokens
 //! [`add_pending_tokens`] / [`read_pending_tokens`] keep, per host, the
 //! prompt tokens of requests routed there that have not yet produced a
-//! response (`prefix_router/pending/<address>`, a CAS counter like the
-//! in-flight count). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
+//! response, in the host's record beside its in-flight count
+//! ([`crate::host_state`], `prefix_router/host/<address>`). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
 //! for `queue = "tokens"`.
 
 use std::cell::{Cell, RefCell};

@@ -19,7 +19,7 @@
 //! With `cost.mode = index` step 2 also hashes the whole prompt's strided chain
 //! and places by the cost rule, reading the shared-data prefix index
 //! ([`prefix_router_core::shared_index`]) and, with `queue = tokens`,
-//! each host's pending prefill tokens (this request's uncached prompt
+//! the candidates' pending prefill tokens (this request's uncached prompt
 //! tokens, its prompt minus the prefix the index credited the chosen host
 //! with, are added to that host's); step 3 records the chain under the host that
 //! actually served (2xx only) and releases the pending tokens (also
