@@ -35,6 +35,9 @@ pub struct HostCalls {
     pub per_request: f64,
     /// Requests the filter saw (routed + fallbacks).
     pub requests: f64,
+    /// Median client-side latency of the probe's requests, microseconds
+    /// (one small body, sequential: indicative only).
+    pub p50_us: u64,
 }
 
 fn body(i: usize) -> String {
@@ -138,7 +141,9 @@ pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<Hos
             })
             .map_err(|e| e.to_string())?;
         let url = e.url("/v1/chat/completions");
+        let mut took = Vec::with_capacity(requests);
         for i in 0..requests {
+            let t0 = std::time::Instant::now();
             let r = http::post(
                 &agent,
                 &url,
@@ -146,6 +151,7 @@ pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<Hos
                 &probe,
             )
             .map_err(|e| e.to_string())?;
+            took.push(t0.elapsed());
             if r.status != 200 {
                 return Err(format!("{n} hosts, request {i}: {} {}", r.status, r.body));
             }
@@ -169,6 +175,11 @@ pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<Hos
             last: metric(&s, "prefix_router_hostcalls_last") as u64,
             per_request: if seen > 0.0 { calls / seen } else { f64::NAN },
             requests: seen,
+            p50_us: {
+                took.sort();
+                took.get(took.len() / 2)
+                    .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            },
         });
     }
     lab.stop();
@@ -178,13 +189,14 @@ pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<Hos
 /// The table `prefix-router-lab overhead` prints.
 pub fn table(rows: &[HostCalls]) -> String {
     let mut s = String::from(
-        "host calls per request (prefix_router.hostcalls.last; hostcalls / requests)\n\
-         | configured hosts | last request | mean | requests |\n|---:|---:|---:|---:|\n",
+        "host calls per request (prefix_router.hostcalls.last; hostcalls / requests; \
+         p50 latency of the probe's sequential small requests)\n\
+         | configured hosts | last request | mean | requests | p50 |\n|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {:.1} | {} |\n",
-            r.hosts, r.last, r.per_request, r.requests
+            "| {} | {} | {:.1} | {} | {} us |\n",
+            r.hosts, r.last, r.per_request, r.requests, r.p50_us
         ));
     }
     s

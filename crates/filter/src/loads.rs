@@ -171,6 +171,19 @@ pub fn refresh_others(st: &State, now: u64) {
     if !reports_configured(cfg) {
         return;
     }
+    // Every [`OTHERS_REFRESH_MS`], or every `hosts / 2` ms for a larger
+    // fleet (1,024 hosts: 512 ms), so the background reads stay about 2,000
+    // per second per worker at most.
+    let period = OTHERS_REFRESH_MS.max(cfg.hosts.len() as u64 / 2);
+    if let Some(at) = st.others_at.get() {
+        if now
+            < at.saturating_add(period)
+                .saturating_sub(OTHERS_REFRESH_MS / 2)
+        {
+            return;
+        }
+    }
+    st.others_at.set(Some(now));
     let addrs = cfg
         .hosts
         .iter()

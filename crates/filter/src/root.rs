@@ -52,6 +52,8 @@ pub struct State {
     /// tick ([`crate::loads::refresh_others`]): the bound's total is the
     /// fleet record's in-flight count plus this.
     pub others: std::cell::Cell<u64>,
+    /// When [`State::others`] was last refreshed (`None`: never).
+    pub others_at: std::cell::Cell<Option<u64>>,
 }
 
 impl State {
@@ -144,6 +146,7 @@ impl Root {
                     .unwrap_or_default(),
             ),
             others: std::cell::Cell::new(old.others.get()),
+            others_at: std::cell::Cell::new(None),
         });
         self.state = Some(state);
     }
@@ -409,6 +412,7 @@ impl RootContext for Root {
                     trend: std::cell::RefCell::new(Default::default()),
                     outbox: std::cell::RefCell::new(Default::default()),
                     others: std::cell::Cell::new(0),
+                    others_at: std::cell::Cell::new(None),
                 });
                 crate::loads::refresh_others(&state, host::now_ms().unwrap_or(0));
                 // A reconfiguration replaces the state: take the old share
