@@ -1585,4 +1585,84 @@ mod tests {
             "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096;hot_skipped=2"
         );
     }
+
+    /// A [`LoadSource`] over a slice that counts the hosts asked about.
+    struct Counting<'a> {
+        loads: &'a [HostLoad],
+        asked: std::cell::RefCell<std::collections::BTreeSet<usize>>,
+    }
+
+    impl LoadSource for Counting<'_> {
+        fn load(&self, h: usize) -> HostLoad {
+            self.asked.borrow_mut().insert(h);
+            self.loads.get(h).copied().unwrap_or_default()
+        }
+        fn total(&self, now_ms: u64, fresh: crate::load::Freshness) -> u64 {
+            self.loads.iter().map(|l| l.effective(now_ms, fresh)).sum()
+        }
+    }
+
+    #[test]
+    fn on_demand_loads_decide_alike_and_ask_about_few_hosts() {
+        let n = 256;
+        for mode in ["spill", "off", "index"] {
+            // The index rule without its hot-host rule (which reads every
+            // host) and with it.
+            let mut configs = vec![cost_router(n, mode)];
+            if mode == "index" {
+                let mut cfg = cost_router(n, mode).config().clone();
+                cfg.cost.params.hot_window_s = 0.0;
+                configs.push(Router::new(cfg));
+            }
+            for r in configs {
+                let ix = r.new_index();
+                let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                let mut rnd = |m: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % m
+                };
+                for case in 0..60 {
+                    let loads: Vec<HostLoad> = (0..n)
+                        .map(|_| HostLoad {
+                            // A few hosts far over the bound: walks pass them.
+                            inflight: if rnd(6) == 0 { 30 + rnd(20) } else { rnd(6) },
+                            report: (rnd(3) == 0).then(|| Report {
+                                queue: rnd(5) as f64,
+                                running: rnd(4) as f64,
+                                own: rnd(3),
+                                at_ms: 1_000,
+                            }),
+                            // Every host ejected in case 7: all count as eligible.
+                            ejected: case == 7 || rnd(10) == 0,
+                            ..HostLoad::default()
+                        })
+                        .collect();
+                    let body = chat(
+                        &format!("conversation {case} {}", "x".repeat(case * 50)),
+                        1 + case % 3,
+                    );
+                    let req = Request::new(Api::ChatCompletions, body.as_bytes(), &loads, 1_500)
+                        .with_index(&ix);
+                    let want = r.decide(&req);
+                    let src = Counting {
+                        loads: &loads,
+                        asked: Default::default(),
+                    };
+                    let got = r.decide(&req.with_source(&src));
+                    assert_eq!(got, want, "{mode} case {case}");
+                    let asked = src.asked.borrow().len();
+                    if let Decision::Routed { host, key, .. } = want.decision {
+                        let f = r.failover(key.hash, host, &loads, 1_500);
+                        assert_eq!(r.failover_from(key.hash, host, &src, 1_500), f);
+                    }
+                    let reads_all = r.reads_every_host();
+                    if case != 7 && !reads_all {
+                        assert!(asked <= 24, "{mode} case {case}: asked about {asked} hosts");
+                    }
+                }
+            }
+        }
+    }
 }
