@@ -22,6 +22,7 @@
 pub mod backend;
 pub mod envoy;
 pub mod gossip_cost;
+pub mod hostcalls;
 pub mod http;
 pub mod lab;
 pub mod overhead;

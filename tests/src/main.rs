@@ -5,6 +5,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
+//!                            [--hostcalls-hosts N1,N2,..] [--hostcalls-patch JSON]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
 //!                         [--cost-patch JSON]
 //! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
@@ -288,6 +289,14 @@ struct OverheadArgs {
     /// Approximate body sizes, bytes [default: 1000,16000,128000]
     #[arg(long, value_name = "B1,B2,..", value_delimiter = ',')]
     sizes: Vec<usize>,
+    /// Fleet sizes (configured hosts, each at least 4) to count host calls per request at;
+    /// 0 alone: skip that part
+    #[arg(long, value_name = "N1,N2,..", value_delimiter = ',', default_values_t = [4, 64, 1024])]
+    hostcalls_hosts: Vec<usize>,
+    /// Filter JSON merged over the committed config for the host-call count, e.g.
+    /// '{"cost":{"mode":"index"}}'
+    #[arg(long, value_name = "JSON", default_value = "{}")]
+    hostcalls_patch: String,
 }
 
 /// `prefix-router-lab spike` options.
@@ -545,6 +554,12 @@ fn overhead(args: &OverheadArgs) -> Result<(), String> {
         opts.sizes = args.sizes.clone();
     }
     println!("{}", prefix_router_lab::overhead::run(&opts)?);
+    if args.hostcalls_hosts != [0] {
+        let patch: serde_json::Value = serde_json::from_str(&args.hostcalls_patch)
+            .map_err(|e| format!("--hostcalls-patch: {e}"))?;
+        let rows = prefix_router_lab::hostcalls::measure(&args.hostcalls_hosts, 20, &patch)?;
+        println!("{}", prefix_router_lab::hostcalls::table(&rows));
+    }
     Ok(())
 }
 

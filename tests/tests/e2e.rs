@@ -3659,3 +3659,28 @@ fn an_application_preamble_does_not_pile_conversations_onto_one_replica() {
         "{moved} of {counted} later turns changed replica (want at most 8 %)"
     );
 }
+
+// 40. Host calls per request do not grow with the fleet (issue 23): the same request costs the
+//     same proxy-wasm host calls (`prefix_router.hostcalls.last`, and the counter over the
+//     requests) with 4, 64 and 1,024 configured hosts, for the default rule and for plain
+//     bounded loads: a decision reads the records of the hosts on its key's walk, and the
+//     bound's total load comes from one fleet record.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn host_calls_per_request_are_the_same_at_4_64_and_1024_hosts() {
+    let _g = serial();
+    require_artifacts(true);
+    for base in [json!({}), json!({"cost": {"mode": "off"}})] {
+        let rows = prefix_router_lab::hostcalls::measure(&[4, 64, 1024], 6, &base)
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("{base}\n{}", prefix_router_lab::hostcalls::table(&rows));
+        let first = rows.first().cloned().unwrap_or_else(|| panic!("no rows"));
+        assert!(first.last > 0, "no host calls counted: {rows:?}");
+        assert_eq!(first.requests, 6.0, "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.last, first.last, "{base}: {rows:?}");
+            assert_eq!(r.per_request, first.per_request, "{base}: {rows:?}");
+            assert_eq!(r.requests, first.requests, "{base}: {rows:?}");
+        }
+    }
+}

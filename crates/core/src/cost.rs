@@ -710,7 +710,60 @@ pub fn place<I: PrefixLookup + ?Sized>(
     now_ms: u64,
     p: &CostParams,
 ) -> Option<CostPlacement> {
-    let total: u64 = loads.iter().sum();
+    let hosts = Hosts {
+        total: loads.iter().sum(),
+        load: &|h| loads.get(h).copied().unwrap_or(0),
+        own: &|h| own.get(h).copied(),
+        pending: &|h| pending.get(h).copied().unwrap_or(0),
+        eligible: &|h| eligible.get(h).copied().unwrap_or(true),
+        hot: &|h| hot.get(h).copied().unwrap_or(false),
+    };
+    place_by(
+        ring,
+        key,
+        &hosts,
+        bound,
+        chain,
+        prompt_bytes,
+        index,
+        now_ms,
+        p,
+    )
+}
+
+/// What [`place_by`] reads of the hosts, asked host by host as the walk
+/// reaches them (a caller may read each host's state only then).
+pub struct Hosts<'a> {
+    /// The fleet's total effective load (the bound's `L`).
+    pub total: u64,
+    /// Effective load of a host.
+    pub load: &'a dyn Fn(usize) -> u64,
+    /// This proxy's own in-flight requests at a host (`None`: take the
+    /// effective load for the keep bound, 0 for `inflight_s`).
+    pub own: &'a dyn Fn(usize) -> Option<u64>,
+    /// Pending prefill tokens ahead at a host.
+    pub pending: &'a dyn Fn(usize) -> u64,
+    /// Whether a host may be chosen.
+    pub eligible: &'a dyn Fn(usize) -> bool,
+    /// Whether a host is hot ([`hot_hosts`]).
+    pub hot: &'a dyn Fn(usize) -> bool,
+}
+
+/// [`place`] reading the hosts through `x` as the walk reaches them.
+#[allow(clippy::too_many_arguments)]
+pub fn place_by<I: PrefixLookup + ?Sized>(
+    ring: &Ring,
+    key: u64,
+    x: &Hosts<'_>,
+    bound: &Bound,
+    chain: &[u64],
+    prompt_bytes: u64,
+    index: &I,
+    now_ms: u64,
+    p: &CostParams,
+) -> Option<CostPlacement> {
+    let total = x.total;
+    let (loads, own, pending, eligible, hot) = (x.load, x.own, x.pending, x.eligible, x.hot);
     let want = p.candidates.max(1) as usize;
     // (host, rank on the walk, held): a hot host at or over its hot bound
     // (but under its capacity) is "held": it stays a candidate only for a
@@ -746,17 +799,17 @@ pub fn place<I: PrefixLookup + ?Sized>(
         if firm >= want {
             break;
         }
-        if !eligible.get(h).copied().unwrap_or(true) {
+        if !eligible(h) {
             continue;
         }
-        let load = loads.get(h).copied().unwrap_or(0);
+        let load = loads(h);
         if load >= ring.capacity(h, total, bound) {
             continue;
         }
-        let is_hot = hot.get(h).copied().unwrap_or(false);
+        let is_hot = hot(h);
         // The keep bound counts this proxy's own requests at the host (the
         // queue it did not cause is priced by the estimate instead).
-        let own_load = own.get(h).copied().unwrap_or(load);
+        let own_load = own(h).unwrap_or(load);
         if is_hot
             && p.hot_rule == HotRule::Mean
             && over_keep(ring, h, total, own_load, &keep_bound, p)
@@ -783,7 +836,7 @@ pub fn place<I: PrefixLookup + ?Sized>(
         kept.push((h, rank, c));
     }
     if kept.is_empty() {
-        let Placement { host, skipped } = ring.place(key, loads, bound, eligible)?;
+        let Placement { host, skipped } = ring.place_by(key, total, bound, loads, eligible)?;
         return Some(CostPlacement {
             host,
             rank: skipped,
@@ -799,12 +852,12 @@ pub fn place<I: PrefixLookup + ?Sized>(
     let mut home: Option<(CostPlacement, f64)> = None;
     let mut best_base = f64::NAN;
     for (i, &(h, rank, c)) in kept.iter().enumerate() {
-        let load = loads.get(h).copied().unwrap_or(0);
-        let waiting = pending.get(h).copied().unwrap_or(0);
+        let load = loads(h);
+        let waiting = pending(h);
         let t = p.estimate_s(load, waiting, prompt_bytes, c);
         // `inflight_s` spreads requests that tie, never moves one off its
         // cache: the stay rule below compares estimates without it.
-        let base = t - p.inflight_wait_s(own.get(h).copied().unwrap_or(0));
+        let base = t - p.inflight_wait_s(own(h).unwrap_or(0));
         let here = CostPlacement {
             host: h,
             rank,
@@ -815,9 +868,7 @@ pub fn place<I: PrefixLookup + ?Sized>(
         };
         let better = |b: &CostPlacement| {
             t < b.ttft_s - EPSILON_S
-                || (p.ties == Ties::Load
-                    && t <= b.ttft_s + EPSILON_S
-                    && load < loads.get(b.host).copied().unwrap_or(0))
+                || (p.ties == Ties::Load && t <= b.ttft_s + EPSILON_S && load < loads(b.host))
         };
         if best.as_ref().is_none_or(better) {
             best = Some(here);

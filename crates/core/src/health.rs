@@ -21,8 +21,6 @@
 //! never ejected. The cool-down is fixed (no exponential back-off): a
 //! replica that comes back gets its keys back within one cool-down.
 
-use crate::store::{cas_update, SharedStore, StoreError};
-
 /// Envoy's response flags (`response.flags`, its legacy bit set) that mean
 /// the upstream failed the request, whatever the code: UpstreamRequestTimeout
 /// (UT, 0x4), UpstreamRemoteReset (UR, 0x10), UpstreamConnectionFailure
@@ -151,46 +149,7 @@ impl HealthState {
         now_ms < self.ejected_until_ms
     }
 
-    /// 16 bytes: failures, ejected-until, unreachable (the first 12 are the
-    /// earlier encoding, which decodes with no unreachable count).
-    fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        let (f, rest) = b.split_at_mut(4);
-        let (t, u) = rest.split_at_mut(8);
-        f.copy_from_slice(&self.consecutive_failures.to_le_bytes());
-        t.copy_from_slice(&self.ejected_until_ms.to_le_bytes());
-        u.copy_from_slice(&self.consecutive_unreachable.to_le_bytes());
-        b
-    }
-
-    fn decode(b: Option<&[u8]>) -> HealthState {
-        let Some(b) = b else {
-            return HealthState::default();
-        };
-        let f = b
-            .get(..4)
-            .and_then(|x| x.try_into().ok())
-            .map(u32::from_le_bytes);
-        let t = b
-            .get(4..12)
-            .and_then(|x| x.try_into().ok())
-            .map(u64::from_le_bytes);
-        let u = b
-            .get(12..16)
-            .and_then(|x| x.try_into().ok())
-            .map(u32::from_le_bytes)
-            .unwrap_or(0);
-        match (f, t) {
-            (Some(consecutive_failures), Some(ejected_until_ms)) => HealthState {
-                consecutive_failures,
-                consecutive_unreachable: u,
-                ejected_until_ms,
-            },
-            _ => HealthState::default(),
-        }
-    }
-
-    /// The state after one try (pure; used by [`record`]); `true` if it
+    /// The state after one try (pure; used by [`crate::host_state::record_health`]); `true` if it
     /// ejects the host.
     pub fn after(self, outcome: Outcome, now_ms: u64, cfg: &HealthConfig) -> (HealthState, bool) {
         let (failures, unreachable) = match outcome {
@@ -237,90 +196,9 @@ impl HealthState {
     }
 }
 
-fn key(address: &str) -> String {
-    format!("prefix_router/health/{address}")
-}
-
-/// Read one host's health.
-pub fn read_health<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-) -> Result<HealthState, StoreError> {
-    let (v, _) = store.get(&key(address))?;
-    Ok(HealthState::decode(v.as_deref()))
-}
-
-/// Record a try's outcome; returns `true` if it ejected the host.
-pub fn record<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-    outcome: Outcome,
-    now_ms: u64,
-    cfg: &HealthConfig,
-) -> Result<bool, StoreError> {
-    cas_update(store, &key(address), |v| {
-        let cur = HealthState::decode(v);
-        let (next, ejected) = cur.after(outcome, now_ms, cfg);
-        if next == cur && v.is_some() {
-            (None, false)
-        } else {
-            (Some(next.encode()), ejected)
-        }
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
-
-    const CFG: HealthConfig = HealthConfig {
-        failure_threshold: 3,
-        cooldown_ms: 1000,
-        unreachable_threshold: 0,
-    };
-    const F: Outcome = Outcome::Failed;
-    const OK: Outcome = Outcome::Ok;
-    const U: Outcome = Outcome::Unreachable;
-
-    #[test]
-    fn ejects_after_threshold_and_readmits_after_cooldown() {
-        let s = MemStore::default();
-        assert!(!record(&s, "a", F, 0, &CFG).unwrap());
-        assert!(!record(&s, "a", F, 1, &CFG).unwrap());
-        assert!(record(&s, "a", F, 2, &CFG).unwrap());
-        let h = read_health(&s, "a").unwrap();
-        assert!(h.ejected(500));
-        assert!(!h.ejected(1002));
-        // Failures while ejected do not extend the cool-down.
-        assert!(!record(&s, "a", F, 10, &CFG).unwrap());
-        assert_eq!(read_health(&s, "a").unwrap().ejected_until_ms, 1002);
-    }
-
-    #[test]
-    fn success_resets_the_count() {
-        let s = MemStore::default();
-        record(&s, "a", F, 0, &CFG).unwrap();
-        record(&s, "a", F, 0, &CFG).unwrap();
-        record(&s, "a", OK, 0, &CFG).unwrap();
-        assert!(!record(&s, "a", F, 0, &CFG).unwrap());
-        assert!(!read_health(&s, "a").unwrap().ejected(0));
-    }
-
-    #[test]
-    fn threshold_zero_never_ejects() {
-        let s = MemStore::default();
-        let off = HealthConfig {
-            failure_threshold: 0,
-            cooldown_ms: 1000,
-            unreachable_threshold: 2,
-        };
-        for t in 0..100 {
-            assert!(!record(&s, "a", F, t, &off).unwrap());
-            assert!(!record(&s, "a", U, t, &off).unwrap());
-        }
-        assert!(!read_health(&s, "a").unwrap().ejected(50));
-    }
 
     fn attempt<'a>(
         chosen: Option<&'a str>,
@@ -336,42 +214,6 @@ mod tests {
             code,
             flags,
         }
-    }
-
-    #[test]
-    fn unreachable_tries_eject_sooner() {
-        let cfg = HealthConfig {
-            failure_threshold: 5,
-            cooldown_ms: 1000,
-            unreachable_threshold: 2,
-        };
-        let s = MemStore::default();
-        // Two refused connections in a row: out.
-        assert!(!record(&s, "a", U, 0, &cfg).unwrap());
-        assert!(record(&s, "a", U, 1, &cfg).unwrap());
-        // A host that answers (even 5xx) is reachable: the streak restarts,
-        // and ordinary failures need the full threshold.
-        let s = MemStore::default();
-        assert!(!record(&s, "b", U, 0, &cfg).unwrap());
-        assert!(!record(&s, "b", F, 0, &cfg).unwrap());
-        assert!(!record(&s, "b", U, 0, &cfg).unwrap());
-        assert!(!record(&s, "b", F, 0, &cfg).unwrap());
-        assert!(record(&s, "b", F, 0, &cfg).unwrap());
-        // A success resets both counts.
-        let s = MemStore::default();
-        assert!(!record(&s, "c", U, 0, &cfg).unwrap());
-        assert!(!record(&s, "c", OK, 0, &cfg).unwrap());
-        assert!(!record(&s, "c", U, 0, &cfg).unwrap());
-        // Off (0): unreachable tries are ordinary failures.
-        let off = HealthConfig {
-            unreachable_threshold: 0,
-            ..cfg
-        };
-        let s = MemStore::default();
-        for t in 0..4 {
-            assert!(!record(&s, "d", U, t, &off).unwrap());
-        }
-        assert!(record(&s, "d", U, 4, &off).unwrap());
     }
 
     #[test]
@@ -451,26 +293,6 @@ mod tests {
             Verdicts {
                 chosen_failed: None,
                 served: Some(("b", Outcome::Ok))
-            }
-        );
-    }
-
-    #[test]
-    fn decode_tolerates_garbage() {
-        assert_eq!(HealthState::decode(Some(&[1, 2])), HealthState::default());
-        let h = HealthState {
-            consecutive_failures: 7,
-            consecutive_unreachable: 2,
-            ejected_until_ms: 99,
-        };
-        assert_eq!(HealthState::decode(Some(&h.encode())), h);
-        // The earlier 12-byte record (no unreachable count) still reads.
-        let old = h.encode();
-        assert_eq!(
-            HealthState::decode(old.get(..12)),
-            HealthState {
-                consecutive_unreachable: 0,
-                ..h
             }
         );
     }

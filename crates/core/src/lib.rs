@@ -30,6 +30,7 @@ pub mod extract;
 pub mod gossip;
 pub mod hash;
 pub mod health;
+pub mod host_state;
 pub mod index;
 pub mod json_stream;
 pub mod key;

@@ -29,15 +29,14 @@
 //!
 //! ## Sharing across worker threads
 //! Envoy runs one wasm VM per worker thread. In-flight counts and reports live
-//! in proxy-wasm shared data (process-wide), reached through the small
-//! [`SharedStore`] trait ([`crate::store`]) so this module has no
+//! in proxy-wasm shared data (process-wide), one record per host
+//! ([`crate::host_state`]), reached through the small
+//! [`crate::store::SharedStore`] trait so this module has no
 //! proxy-wasm dependency. Counts are updated with compare-and-swap retry
 //! loops: no lost updates.
 
 use serde::Deserialize;
 use std::collections::HashMap;
-
-use crate::store::{add_counter, decode_u64, SharedStore, StoreError};
 
 /// Replica-reported load, with the time it was received.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -266,106 +265,6 @@ fn strip_prefix_ci<'a>(s: &'a str, p: &str) -> Option<&'a str> {
     }
 }
 
-fn inflight_key(address: &str) -> String {
-    format!("prefix_router/inflight/{address}")
-}
-fn report_key(address: &str) -> String {
-    format!("prefix_router/report/{address}")
-}
-
-/// Add `delta` to a host's shared in-flight count (saturating at 0);
-/// returns the new value.
-pub fn add_inflight<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-    delta: i64,
-) -> Result<u64, StoreError> {
-    add_counter(store, &inflight_key(address), delta)
-}
-
-/// A host's shared in-flight count (0 if absent).
-pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<u64, StoreError> {
-    let (v, _) = store.get(&inflight_key(address))?;
-    Ok(decode_u64(v.as_deref()))
-}
-
-/// Store what a replica reported (`queue` waiting, `running` requests) at
-/// `at_ms`, with this proxy's own in-flight count at the host as of now
-/// ([`Report::own`]), so that [`HostLoad::others`] can tell the proxy's
-/// requests from everyone else's.
-pub fn record_report<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-    queue: f64,
-    running: f64,
-    at_ms: u64,
-) -> Result<(), StoreError> {
-    let own = read_inflight(store, address)?;
-    store_report(
-        store,
-        address,
-        Report {
-            queue,
-            running,
-            own,
-            at_ms,
-        },
-    )
-}
-
-/// Store a report for a host (last writer wins: a report is a snapshot).
-pub fn store_report<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-    r: Report,
-) -> Result<(), StoreError> {
-    let mut b = [0u8; 32];
-    let (q, rest) = b.split_at_mut(8);
-    let (t, rest) = rest.split_at_mut(8);
-    let (run, own) = rest.split_at_mut(8);
-    q.copy_from_slice(&r.queue.to_le_bytes());
-    t.copy_from_slice(&r.at_ms.to_le_bytes());
-    run.copy_from_slice(&r.running.to_le_bytes());
-    own.copy_from_slice(&r.own.to_le_bytes());
-    store.set(&report_key(address), &b, None)
-}
-
-/// Read one host's load.
-pub fn read_load<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-) -> Result<HostLoad, StoreError> {
-    let (v, _) = store.get(&inflight_key(address))?;
-    let inflight = decode_u64(v.as_deref());
-    let (r, _) = store.get(&report_key(address))?;
-    let report = r.and_then(|b| {
-        let (q, t) = (b.get(..8)?, b.get(8..16)?);
-        // 16-byte values (written before the running count) read as
-        // running = 0, own = 0.
-        let (running, own) = match (b.get(16..24), b.get(24..32)) {
-            (Some(r), Some(o)) => (
-                f64::from_le_bytes(r.try_into().ok()?),
-                u64::from_le_bytes(o.try_into().ok()?),
-            ),
-            _ => (0.0, 0),
-        };
-        Some(Report {
-            queue: f64::from_le_bytes(q.try_into().ok()?),
-            running,
-            own,
-            at_ms: u64::from_le_bytes(t.try_into().ok()?),
-        })
-    });
-    Ok(HostLoad {
-        inflight,
-        report,
-        ejected: false,
-        pending_prefill_tokens: 0,
-        peer_pending_tokens: 0,
-        recent: 0.0,
-    })
-}
-
 /// Each host's recent load: an exponential moving average over time of its
 /// effective load, with time constant `tau_s` seconds.
 ///
@@ -416,9 +315,6 @@ impl LoadTrend {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::store::MemStore;
-    #[cfg(not(target_family = "wasm"))]
-    use std::sync::Arc;
 
     fn m(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
@@ -590,89 +486,5 @@ mod tests {
         // Huge counts saturate instead of wrapping.
         assert_eq!(f.scale(u64::MAX, 0), u64::MAX);
         assert!(f.scale(u64::MAX, 1_000) > 0);
-    }
-
-    #[test]
-    fn store_round_trip() {
-        let s = MemStore::default();
-        assert_eq!(add_inflight(&s, "a", 1), Ok(1));
-        assert_eq!(add_inflight(&s, "a", 1), Ok(2));
-        assert_eq!(add_inflight(&s, "a", -5), Ok(0));
-        store_report(
-            &s,
-            "a",
-            Report {
-                queue: 3.5,
-                running: 4.0,
-                own: 2,
-                at_ms: 77,
-            },
-        )
-        .unwrap();
-        let l = read_load(&s, "a").unwrap();
-        assert_eq!(l.inflight, 0);
-        assert_eq!(
-            l.report,
-            Some(Report {
-                queue: 3.5,
-                running: 4.0,
-                own: 2,
-                at_ms: 77
-            })
-        );
-        // record_report takes this proxy's in-flight count as `own`.
-        add_inflight(&s, "d", 3).unwrap();
-        record_report(&s, "d", 1.0, 4.0, 9).unwrap();
-        let d = read_load(&s, "d").unwrap();
-        assert_eq!(d.report.map(|r| r.own), Some(3));
-        assert_eq!(d.others(9, Freshness::ttl(10)), 2);
-        assert_eq!(d.effective(9, Freshness::ttl(10)), 5);
-        // A value written before the running count existed (16 bytes).
-        let mut old = [0u8; 16];
-        old[..8].copy_from_slice(&2.0f64.to_le_bytes());
-        old[8..].copy_from_slice(&5u64.to_le_bytes());
-        s.set("prefix_router/report/c", &old, None).unwrap();
-        assert_eq!(
-            read_load(&s, "c").unwrap().report,
-            Some(Report {
-                queue: 2.0,
-                running: 0.0,
-                own: 0,
-                at_ms: 5
-            })
-        );
-        assert_eq!(read_load(&s, "b").unwrap(), HostLoad::default());
-    }
-
-    // wasm32-wasip1 has no threads; the filter's CAS path is exercised by the
-    // single-threaded tests there and by Envoy with --concurrency 2.
-    #[cfg(not(target_family = "wasm"))]
-    #[test]
-    fn cas_loop_loses_no_updates_under_contention() {
-        let s = Arc::new(MemStore::default());
-        // The key exists before the race: a write to an absent key carries
-        // no CAS (as in Envoy's shared data), so two first writes could
-        // both land; this test is about the CAS loop once it exists.
-        add_inflight(&*s, "h", 0).unwrap();
-        let threads: Vec<_> = (0..4)
-            .map(|_| {
-                let s = s.clone();
-                std::thread::spawn(move || {
-                    // Under heavy CPU contention a thread can exhaust its
-                    // retries (an error the filter counts and logs); the
-                    // property here is that no *successful* update is lost.
-                    let add = |d: i64| while add_inflight(&*s, "h", d).is_err() {};
-                    for _ in 0..2000 {
-                        add(1);
-                        add(1);
-                        add(-1);
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert_eq!(read_load(&*s, "h").unwrap().inflight, 8000);
     }
 }

@@ -516,9 +516,7 @@ pub fn drop_host_state<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
 ) -> Result<(), StoreError> {
-    store.set(&format!("prefix_router/report/{address}"), &[], None)?;
-    store.set(&format!("prefix_router/health/{address}"), &[], None)?;
-    store.set(&format!("prefix_router/pending/{address}"), &[], None)
+    crate::host_state::drop_host_state(store, address)
 }
 
 #[cfg(test)]

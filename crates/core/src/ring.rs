@@ -173,14 +173,34 @@ impl Ring {
         eligible: &[bool],
     ) -> Option<Placement> {
         let total: u64 = loads.iter().sum();
+        self.place_by(
+            key,
+            total,
+            b,
+            &|h| loads.get(h).copied().unwrap_or(0),
+            &|h| eligible.get(h).copied().unwrap_or(true),
+        )
+    }
+
+    /// [`Ring::place`] reading each host's load and eligibility as the
+    /// walk reaches it (`load`, `eligible`), with the total load `total`
+    /// given: the hosts past the chosen one are never asked about.
+    pub fn place_by(
+        &self,
+        key: u64,
+        total: u64,
+        b: &Bound,
+        load: &dyn Fn(usize) -> u64,
+        eligible: &dyn Fn(usize) -> bool,
+    ) -> Option<Placement> {
         let mut skipped = 0u32;
         let mut best: Option<(usize, f64)> = None;
         for h in self.walk(key) {
-            if !eligible.get(h).copied().unwrap_or(true) {
+            if !eligible(h) {
                 skipped += 1;
                 continue;
             }
-            let load = loads.get(h).copied().unwrap_or(0);
+            let load = load(h);
             if load < self.capacity(h, total, b) {
                 return Some(Placement { host: h, skipped });
             }

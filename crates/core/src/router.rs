@@ -244,8 +244,11 @@ pub struct Request<'a> {
     /// The session header's value (`key.session_header`), if any.
     pub session: Option<&'a str>,
     /// Each configured host's load, indexed like the config's hosts
-    /// (missing hosts: idle).
+    /// (missing hosts: idle). Unused when [`Request::source`] is given.
     pub loads: &'a [HostLoad],
+    /// The hosts' loads read on demand, only for the hosts the decision
+    /// looks at ([`LoadSource`]); `None`: [`Request::loads`].
+    pub source: Option<&'a dyn LoadSource>,
     /// Now, in ms, on the clock the loads' report times use.
     pub now_ms: u64,
     /// `cost.mode = "index"` only: what each host holds of the prompt
@@ -269,6 +272,7 @@ impl<'a> Request<'a> {
             body,
             session: None,
             loads,
+            source: None,
             now_ms,
             index: None,
             params: None,
@@ -279,6 +283,14 @@ impl<'a> Request<'a> {
     /// With the session header's value ([`Request::session`]).
     pub fn with_session(self, session: Option<&'a str>) -> Request<'a> {
         Request { session, ..self }
+    }
+
+    /// With the hosts' loads read on demand ([`Request::source`]).
+    pub fn with_source(self, source: &'a dyn LoadSource) -> Request<'a> {
+        Request {
+            source: Some(source),
+            ..self
+        }
     }
 
     /// With a prefix index ([`Request::index`]).
@@ -513,8 +525,6 @@ impl Router {
         }
     }
 
-    /// Effective loads and eligibility (ejected hosts are skipped, unless
-    /// every host is ejected).
     /// Each configured host's effective load at `now_ms` (missing: 0).
     fn effective(&self, loads: &[HostLoad], now_ms: u64) -> Vec<u64> {
         let fresh = self.cfg.load.freshness();
@@ -523,22 +533,22 @@ impl Router {
             .collect()
     }
 
-    fn loads(&self, loads: &[HostLoad], now_ms: u64) -> (Vec<u64>, Vec<bool>) {
-        let eff = self.effective(loads, now_ms);
-        let mut eligible: Vec<bool> = (0..eff.len())
-            .map(|i| {
-                !loads.get(i).is_some_and(|l| l.ejected)
-                    && self
-                        .cfg
-                        .hosts
-                        .get(i)
-                        .is_some_and(|h| h.healthy && h.weight > 0.0)
-            })
-            .collect();
-        if !eligible.iter().any(|e| *e) {
-            eligible.iter_mut().for_each(|e| *e = true);
-        }
-        (eff, eligible)
+    /// Whether the config lets host `h` be chosen at all (healthy in
+    /// Envoy's eyes, not a free slot).
+    fn configured_eligible(&self, h: usize) -> bool {
+        self.cfg
+            .hosts
+            .get(h)
+            .is_some_and(|c| c.healthy && c.weight > 0.0)
+    }
+
+    /// Whether a decision reads every host's load whatever the key: the
+    /// index rule's hot-host rule compares each host's recent load with the
+    /// fleet's mean (`cost.mode = "index"` with `cost.hot_window_s > 0`).
+    /// Otherwise a decision reads only the hosts on the key's walk up to
+    /// the chosen one and its failover hosts ([`LoadSource`]).
+    pub fn reads_every_host(&self) -> bool {
+        self.cfg.cost.enabled && self.cfg.cost.params.hot_window_s > 0.0
     }
 
     /// Fold the effective loads of `loads` at `now_ms` into `trend`
@@ -601,91 +611,96 @@ impl Router {
                 }
             }
         };
-        let decision = if self.cfg.cost.enabled {
-            let params = req.params.unwrap_or(&self.cfg.cost.params);
-            // One instantiation of the rule, over `dyn PrefixLookup`.
-            let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
-            self.place_cost(key, &chain, req.loads, index, req.now_ms, params)
-        } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
-            self.place_spill(key, req.loads, req.now_ms)
-        } else {
-            self.place_ring(key, req.loads, req.now_ms)
+        let slices = SliceLoads(req.loads, self.cfg.hosts.len());
+        let src: &dyn LoadSource = req.source.unwrap_or(&slices);
+        let view = |all_eligible| View::new(self, src, req.now_ms, all_eligible);
+        let place = |v: &View<'_>| {
+            if self.cfg.cost.enabled {
+                let params = req.params.unwrap_or(&self.cfg.cost.params);
+                // One instantiation of the rule, over `dyn PrefixLookup`.
+                let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
+                self.place_cost(key, &chain, v, index, req.now_ms, params)
+            } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
+                self.place_spill(key, v)
+            } else {
+                self.place_ring(key, v)
+            }
+        };
+        // Ejected hosts are skipped unless every host is: a rule finds no
+        // eligible host only after walking them all, and then decides
+        // again with every host eligible.
+        let decision = match place(&view(false)) {
+            Some(d) => d,
+            None => place(&view(true)).unwrap_or(Decision::Fallback(FallbackCause::HostError)),
         };
         Decided { decision, chain }
     }
 
     /// The index rule ([`crate::cost`]) with cost parameters `params`.
     /// `skipped` is the chosen host's position on the key's walk (0: the
-    /// owner, a "hit").
+    /// owner, a "hit"). `None`: no host is eligible.
     fn place_cost<I: PrefixLookup + ?Sized>(
         &self,
         key: Key,
         prompt: &PromptChain,
-        loads: &[HostLoad],
+        v: &View<'_>,
         index: &I,
         now_ms: u64,
         params: &CostParams,
-    ) -> Decision {
-        let (eff, eligible) = self.loads(loads, now_ms);
-        // The hot-host rule; nothing to collect with it off.
+    ) -> Option<Decision> {
+        // The hot-host rule (every host's recent load); nothing to collect
+        // with it off.
         let hot = if params.hot_window_s > 0.0 {
-            let recent: Vec<f64> = loads.iter().map(|l| l.recent).collect();
+            let n = self.cfg.hosts.len();
+            let recent: Vec<f64> = (0..n).map(|h| v.load(h).recent).collect();
+            let eligible: Vec<bool> = (0..n).map(|h| v.eligible(h)).collect();
             cost::hot_hosts(&self.ring, &recent, &eligible, params)
         } else {
             Vec::new()
         };
         let fresh = self.cfg.load.freshness();
-        let pending: Vec<u64> = (0..eff.len())
-            .map(|i| {
-                loads
-                    .get(i)
-                    .map_or(0, |l| l.pending_ahead(now_ms, fresh, params))
-            })
-            .collect();
         // This proxy's own in-flight counts: only the mean hot rule (its
         // keep bound) and `inflight_s` (the stay rule leaves its term out)
-        // read them, so nothing is collected otherwise.
-        let own: Vec<u64> = if params.hot_rule == cost::HotRule::Mean || params.inflight_s > 0.0 {
-            (0..eff.len())
-                .map(|i| loads.get(i).map_or(0, |l| l.inflight))
-                .collect()
-        } else {
-            Vec::new()
+        // read them.
+        let own_read = params.hot_rule == cost::HotRule::Mean || params.inflight_s > 0.0;
+        let hosts = cost::Hosts {
+            total: v.total(),
+            load: &|h| v.effective(h),
+            own: &|h| own_read.then(|| v.load(h).inflight),
+            pending: &|h| v.load(h).pending_ahead(now_ms, fresh, params),
+            eligible: &|h| v.eligible(h),
+            hot: &|h| hot.get(h).copied().unwrap_or(false),
         };
-        match cost::place(
+        let p = cost::place_by(
             &self.ring,
             key.hash,
-            &eff,
-            &own,
-            &pending,
+            &hosts,
             &self.bound(),
-            &eligible,
-            &hot,
             &prompt.hashes,
             prompt.bytes,
             index,
             now_ms,
             params,
-        ) {
-            Some(p) => Decision::Routed {
-                host: p.host,
-                skipped: p.rank,
-                key,
-                cached: Some(p.cached_bytes),
-                moved: p.moved,
-                hot_skipped: p.hot_skipped,
-            },
-            None => Decision::Fallback(FallbackCause::HostError),
-        }
+        )?;
+        Some(Decision::Routed {
+            host: p.host,
+            skipped: p.rank,
+            key,
+            cached: Some(p.cached_bytes),
+            moved: p.moved,
+            hot_skipped: p.hot_skipped,
+        })
     }
 
     /// The priced spill ([`crate::spill`]).
-    fn place_spill(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
-        let (eff, eligible) = self.loads(loads, now_ms);
+    fn place_spill(&self, key: Key, v: &View<'_>) -> Option<Decision> {
         let fresh = self.cfg.load.freshness();
-        let queues: Vec<Option<f64>> = (0..eff.len())
-            .map(|i| loads.get(i)?.fresh_queue(now_ms, fresh))
-            .collect();
+        let hosts = crate::spill::Hosts {
+            total: v.total(),
+            load: &|h| v.effective(h),
+            queue: &|h| v.load(h).fresh_queue(v.now_ms, fresh),
+            eligible: &|h| v.eligible(h),
+        };
         let p = &self.cfg.cost.params;
         // Every proxy presumes the first candidate holds the prompt, or
         // will after this request (a conversation's next turn comes back
@@ -695,10 +710,7 @@ impl Router {
         // prompt goes on past the first user message.
         let first_turn = key.source == KeySource::Prompt
             && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
-        let x = crate::spill::Inputs {
-            loads: &eff,
-            queues: &queues,
-            eligible: &eligible,
+        let x = crate::spill::Rule {
             held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
             service_s: p.service_s,
             // An application preamble (system prompt, tools) is shared by
@@ -707,19 +719,17 @@ impl Router {
             group: (first_turn || !key.preamble_group).then_some(key.group),
             first_turn,
         };
-        match crate::spill::place(&self.ring, key.hash, &self.bound(), &x) {
-            Some(pl) => Decision::Routed {
-                host: pl.host,
-                skipped: pl.rank,
-                key,
-                cached: None,
-                // `moved`: the queue priced it away; a move over the bound
-                // is a spill, as in plain bounded loads.
-                moved: pl.why == crate::spill::Why::Priced,
-                hot_skipped: 0,
-            },
-            None => Decision::Fallback(FallbackCause::HostError),
-        }
+        let pl = crate::spill::place_by(&self.ring, key.hash, &self.bound(), &hosts, &x)?;
+        Some(Decision::Routed {
+            host: pl.host,
+            skipped: pl.rank,
+            key,
+            cached: None,
+            // `moved`: the queue priced it away; a move over the bound
+            // is a spill, as in plain bounded loads.
+            moved: pl.why == crate::spill::Why::Priced,
+            hot_skipped: 0,
+        })
     }
 
     /// Failover hosts for a request routed to `chosen` with key `key`: up
@@ -728,16 +738,42 @@ impl Router {
     /// health, unhealthy in Envoy's eyes, free slots). The walk depends only
     /// on the host table, so every proxy names the same successors.
     pub fn failover(&self, key: u64, chosen: usize, loads: &[HostLoad], now_ms: u64) -> Vec<usize> {
+        self.failover_from(
+            key,
+            chosen,
+            &SliceLoads(loads, self.cfg.hosts.len()),
+            now_ms,
+        )
+    }
+
+    /// [`Router::failover`] reading the hosts' loads on demand: only the
+    /// hosts on the walk up to the last failover host.
+    pub fn failover_from(
+        &self,
+        key: u64,
+        chosen: usize,
+        src: &dyn LoadSource,
+        now_ms: u64,
+    ) -> Vec<usize> {
         let n = self.cfg.failover_hosts;
         if n == 0 {
             return Vec::new();
         }
-        let (_, eligible) = self.loads(loads, now_ms);
-        self.ring
-            .walk(key)
-            .filter(|&h| h != chosen && eligible.get(h).copied().unwrap_or(false))
-            .take(n)
-            .collect()
+        let pick = |v: &View<'_>| -> Vec<usize> {
+            self.ring
+                .walk(key)
+                .filter(|&h| h != chosen && v.eligible(h))
+                .take(n)
+                .collect()
+        };
+        let v = View::new(self, src, now_ms, false);
+        let out = pick(&v);
+        // Fewer than `n` found means the walk saw every host: if none of
+        // them (the chosen one included) was eligible, every host is.
+        if out.is_empty() && !v.eligible(chosen) {
+            return pick(&View::new(self, src, now_ms, true));
+        }
+        out
     }
 
     /// The destination header's value: the chosen host's address, then the
@@ -755,18 +791,105 @@ impl Router {
     }
 
     /// Plain bounded loads ([`Ring::place`]).
-    fn place_ring(&self, key: Key, loads: &[HostLoad], now_ms: u64) -> Decision {
-        let (eff, eligible) = self.loads(loads, now_ms);
-        match self.ring.place(key.hash, &eff, &self.bound(), &eligible) {
-            Some(p) => Decision::Routed {
-                host: p.host,
-                skipped: p.skipped,
-                key,
-                cached: None,
-                moved: false,
-                hot_skipped: 0,
-            },
-            None => Decision::Fallback(FallbackCause::HostError),
+    fn place_ring(&self, key: Key, v: &View<'_>) -> Option<Decision> {
+        let p = self.ring.place_by(
+            key.hash,
+            v.total(),
+            &self.bound(),
+            &|h| v.effective(h),
+            &|h| v.eligible(h),
+        )?;
+        Some(Decision::Routed {
+            host: p.host,
+            skipped: p.skipped,
+            key,
+            cached: None,
+            moved: false,
+            hot_skipped: 0,
+        })
+    }
+}
+
+/// Where a decision reads the hosts' loads: host by host, only for the
+/// hosts it looks at (the key's walk up to the chosen host, the spill's
+/// candidates, the failover hosts), and the fleet's total load the bound
+/// divides. The filter reads one shared-data record per host asked about
+/// ([`crate::host_state`]); a slice of every host's load is one too
+/// ([`Request::loads`]). A decision may ask about a host more than once:
+/// an implementation that reads on demand keeps what it read.
+pub trait LoadSource {
+    /// Host `h`'s load (indexed like the config's hosts; missing: idle).
+    fn load(&self, h: usize) -> HostLoad;
+    /// The fleet's load `L` at `now_ms`: the sum over every configured
+    /// host of [`HostLoad::effective`].
+    fn total(&self, now_ms: u64, fresh: crate::load::Freshness) -> u64;
+}
+
+/// Every host's load in a slice ([`Request::loads`]), over the first
+/// `.1` hosts (the configured ones).
+struct SliceLoads<'a>(&'a [HostLoad], usize);
+
+impl LoadSource for SliceLoads<'_> {
+    fn load(&self, h: usize) -> HostLoad {
+        self.0.get(h).copied().unwrap_or_default()
+    }
+    fn total(&self, now_ms: u64, fresh: crate::load::Freshness) -> u64 {
+        self.0
+            .iter()
+            .take(self.1)
+            .map(|l| l.effective(now_ms, fresh))
+            .sum()
+    }
+}
+
+/// One decision's reading of a [`LoadSource`]: effective loads and
+/// eligibility host by host, the total once.
+struct View<'a> {
+    router: &'a Router,
+    src: &'a dyn LoadSource,
+    now_ms: u64,
+    fresh: crate::load::Freshness,
+    /// Every host is ejected: all count as eligible.
+    all_eligible: bool,
+    total: std::cell::Cell<Option<u64>>,
+}
+
+impl<'a> View<'a> {
+    fn new(router: &'a Router, src: &'a dyn LoadSource, now_ms: u64, all: bool) -> View<'a> {
+        View {
+            router,
+            src,
+            now_ms,
+            fresh: router.cfg.load.freshness(),
+            all_eligible: all,
+            total: std::cell::Cell::new(None),
+        }
+    }
+
+    fn load(&self, h: usize) -> HostLoad {
+        if h < self.router.cfg.hosts.len() {
+            self.src.load(h)
+        } else {
+            HostLoad::default()
+        }
+    }
+
+    fn effective(&self, h: usize) -> u64 {
+        self.load(h).effective(self.now_ms, self.fresh)
+    }
+
+    fn eligible(&self, h: usize) -> bool {
+        self.all_eligible || (self.router.configured_eligible(h) && !self.load(h).ejected)
+    }
+
+    fn total(&self) -> u64 {
+        match self.total.get() {
+            Some(t) => t,
+            None => {
+                let t = self.src.total(self.now_ms, self.fresh);
+                self.total.set(Some(t));
+                t
+            }
         }
     }
 }
@@ -1066,7 +1189,9 @@ mod tests {
                 assert_eq!(d, d2);
                 assert_eq!(chain, PromptChain::default());
                 let k = r.key(Api::ChatCompletions, body.as_bytes(), None).unwrap();
-                assert_eq!(d, r.place_ring(k, &loads, 0));
+                let src = SliceLoads(&loads, 5);
+                let v = View::new(&r, &src, 0, false);
+                assert_eq!(Some(d), r.place_ring(k, &v));
             }
         }
     }
@@ -1459,5 +1584,85 @@ mod tests {
             d.describe(r.config()),
             "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096;hot_skipped=2"
         );
+    }
+
+    /// A [`LoadSource`] over a slice that counts the hosts asked about.
+    struct Counting<'a> {
+        loads: &'a [HostLoad],
+        asked: std::cell::RefCell<std::collections::BTreeSet<usize>>,
+    }
+
+    impl LoadSource for Counting<'_> {
+        fn load(&self, h: usize) -> HostLoad {
+            self.asked.borrow_mut().insert(h);
+            self.loads.get(h).copied().unwrap_or_default()
+        }
+        fn total(&self, now_ms: u64, fresh: crate::load::Freshness) -> u64 {
+            self.loads.iter().map(|l| l.effective(now_ms, fresh)).sum()
+        }
+    }
+
+    #[test]
+    fn on_demand_loads_decide_alike_and_ask_about_few_hosts() {
+        let n = 256;
+        for mode in ["spill", "off", "index"] {
+            // The index rule without its hot-host rule (which reads every
+            // host) and with it.
+            let mut configs = vec![cost_router(n, mode)];
+            if mode == "index" {
+                let mut cfg = cost_router(n, mode).config().clone();
+                cfg.cost.params.hot_window_s = 0.0;
+                configs.push(Router::new(cfg));
+            }
+            for r in configs {
+                let ix = r.new_index();
+                let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                let mut rnd = |m: u64| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x % m
+                };
+                for case in 0..60 {
+                    let loads: Vec<HostLoad> = (0..n)
+                        .map(|_| HostLoad {
+                            // A few hosts far over the bound: walks pass them.
+                            inflight: if rnd(6) == 0 { 30 + rnd(20) } else { rnd(6) },
+                            report: (rnd(3) == 0).then(|| Report {
+                                queue: rnd(5) as f64,
+                                running: rnd(4) as f64,
+                                own: rnd(3),
+                                at_ms: 1_000,
+                            }),
+                            // Every host ejected in case 7: all count as eligible.
+                            ejected: case == 7 || rnd(10) == 0,
+                            ..HostLoad::default()
+                        })
+                        .collect();
+                    let body = chat(
+                        &format!("conversation {case} {}", "x".repeat(case * 50)),
+                        1 + case % 3,
+                    );
+                    let req = Request::new(Api::ChatCompletions, body.as_bytes(), &loads, 1_500)
+                        .with_index(&ix);
+                    let want = r.decide(&req);
+                    let src = Counting {
+                        loads: &loads,
+                        asked: Default::default(),
+                    };
+                    let got = r.decide(&req.with_source(&src));
+                    assert_eq!(got, want, "{mode} case {case}");
+                    let asked = src.asked.borrow().len();
+                    if let Decision::Routed { host, key, .. } = want.decision {
+                        let f = r.failover(key.hash, host, &loads, 1_500);
+                        assert_eq!(r.failover_from(key.hash, host, &src, 1_500), f);
+                    }
+                    let reads_all = r.reads_every_host();
+                    if case != 7 && !reads_all {
+                        assert!(asked <= 24, "{mode} case {case}: asked about {asked} hosts");
+                    }
+                }
+            }
+        }
     }
 }

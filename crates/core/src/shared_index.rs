@@ -15,7 +15,7 @@
 //! [`SharedIndexConfig::observe`] is called with the host that actually
 //! served a request and the request's strided chain; every touched bucket
 //! is rewritten with a compare-and-swap retry loop (at most
-//! [`crate::store::CAS_RETRIES`] attempts, like [`crate::load::add_inflight`]),
+//! [`crate::store::CAS_RETRIES`] attempts, like [`crate::host_state::add_inflight`]),
 //! so concurrent workers lose no entries. An existing `(hash, host)` entry
 //! is refreshed; a full bucket evicts its oldest entry. The stamp is
 //! `now_ms << 16` plus a per-observation rank that makes a prompt's deepest
@@ -67,8 +67,8 @@
 //! ## Pending prefill tokens
 //! [`add_pending_tokens`] / [`read_pending_tokens`] keep, per host, the
 //! prompt tokens of requests routed there that have not yet produced a
-//! response (`prefix_router/pending/<address>`, a CAS counter like the
-//! in-flight count). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
+//! response, in the host's record beside its in-flight count
+//! ([`crate::host_state`], `prefix_router/host/<address>`). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
 //! for `queue = "tokens"`.
 
 use std::cell::{Cell, RefCell};
@@ -499,18 +499,21 @@ impl<S: SharedStore + ?Sized> PrefixLookup for SharedLookup<'_, S> {
     }
 }
 
-fn pending_key(address: &str) -> String {
-    format!("prefix_router/pending/{address}")
-}
-
-/// Add `delta` to a host's pending prefill tokens (saturating at 0);
-/// returns the new value.
+/// Add `delta` to a host's pending prefill tokens (saturating at 0), kept
+/// in its record ([`crate::host_state`]); returns the new value.
 pub fn add_pending_tokens<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
     delta: i64,
 ) -> Result<u64, StoreError> {
-    crate::store::add_counter(store, &pending_key(address), delta)
+    crate::host_state::update(store, address, |r| {
+        r.pending_tokens = if delta >= 0 {
+            r.pending_tokens.saturating_add(delta.unsigned_abs())
+        } else {
+            r.pending_tokens.saturating_sub(delta.unsigned_abs())
+        };
+        r.pending_tokens
+    })
 }
 
 /// A host's pending prefill tokens (0 if never set or garbage).
@@ -518,8 +521,7 @@ pub fn read_pending_tokens<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
 ) -> Result<u64, StoreError> {
-    let (v, _) = store.get(&pending_key(address))?;
-    Ok(crate::store::decode_u64(v.as_deref()))
+    Ok(crate::host_state::read(store, address)?.pending_tokens)
 }
 
 /// Shared-data key of the learned prefill rate (`learn_prefill`): one
@@ -798,7 +800,7 @@ mod tests {
         assert_eq!(add_pending_tokens(&s, "a", 500), Ok(500));
         assert_eq!(add_pending_tokens(&s, "a", 250), Ok(750));
         assert_eq!(add_pending_tokens(&s, "a", -1000), Ok(0));
-        s.set("prefix_router/pending/b", b"xyz", None).unwrap();
+        s.set("prefix_router/host/b", b"xyz", None).unwrap();
         assert_eq!(read_pending_tokens(&s, "b"), Ok(0));
     }
 

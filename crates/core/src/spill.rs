@@ -67,8 +67,9 @@
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
-//! candidate; the bound reads the total load (O(hosts) today, from the
-//! loads the caller already gathered).
+//! candidate ([`place_by`] asks about those hosts only, and about the rest
+//! of the walk only when every candidate is over its bound); the bound's
+//! total load comes in as one number ([`Hosts::total`]).
 
 use crate::ring::{Bound, Ring};
 
@@ -125,15 +126,47 @@ pub struct Inputs<'a> {
 /// place to go.
 pub const CANDIDATES: usize = 4;
 
+/// What the rule reads of the hosts, asked host by host as the walks
+/// reach them (a caller may read each host's state only then).
+pub struct Hosts<'a> {
+    /// The fleet's total effective load (the bound's `L`).
+    pub total: u64,
+    /// Effective load of a host.
+    pub load: &'a dyn Fn(usize) -> u64,
+    /// Fresh reported prefill queue of a host (`None`: no fresh report).
+    pub queue: &'a dyn Fn(usize) -> Option<f64>,
+    /// Whether a host may be chosen.
+    pub eligible: &'a dyn Fn(usize) -> bool,
+}
+
+/// The request's side of [`Inputs`]: everything but the hosts.
+#[derive(Debug, Clone, Copy)]
+pub struct Rule {
+    /// [`Inputs::held_s`].
+    pub held_s: f64,
+    /// [`Inputs::service_s`].
+    pub service_s: f64,
+    /// [`Inputs::group`].
+    pub group: Option<u64>,
+    /// [`Inputs::first_turn`].
+    pub first_turn: bool,
+}
+
 /// The candidate order: the group owner (if any), then the key's walk,
 /// eligible hosts only, each once, at most `n`.
-fn candidates(ring: &Ring, key: u64, x: &Inputs<'_>, n: usize) -> Vec<(usize, u32)> {
-    let eligible = |h: usize| x.eligible.get(h).copied().unwrap_or(true);
+fn candidates(
+    ring: &Ring,
+    key: u64,
+    x: &Hosts<'_>,
+    group: Option<u64>,
+    n: usize,
+) -> Vec<(usize, u32)> {
+    let eligible = x.eligible;
     // (host, its position in the order counting the ineligible hosts
     // passed over: 0 for the first candidate when nothing was ejected).
     let mut out: Vec<(usize, u32)> = Vec::with_capacity(n);
     let mut passed = 0u32;
-    if let Some(g) = x.group.filter(|&g| g != key) {
+    if let Some(g) = group.filter(|&g| g != key) {
         for h in ring.walk(g) {
             if eligible(h) {
                 out.push((h, passed));
@@ -165,25 +198,48 @@ pub fn spread(key: u64) -> f64 {
 }
 
 /// Plain bounded loads along the key's whole walk ([`Ring::place`]).
-fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
-    let el: Vec<bool> = (0..ring.hosts())
-        .map(|h| x.eligible.get(h).copied().unwrap_or(true))
-        .collect();
-    ring.place(key, x.loads, bound, &el).map(|p| Placed {
-        host: p.host,
-        rank: p.skipped,
-        why: Why::Bound,
-    })
+fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>) -> Option<Placed> {
+    ring.place_by(key, x.total, bound, x.load, x.eligible)
+        .map(|p| Placed {
+            host: p.host,
+            rank: p.skipped,
+            why: Why::Bound,
+        })
 }
 
 /// Place `key` by the priced spill; `None` only if no host is eligible.
 pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
+    let hosts = Hosts {
+        total: x.loads.iter().sum(),
+        load: &|h| x.loads.get(h).copied().unwrap_or(0),
+        queue: &|h| x.queues.get(h).copied().flatten(),
+        eligible: &|h| x.eligible.get(h).copied().unwrap_or(true),
+    };
+    let rule = Rule {
+        held_s: x.held_s,
+        service_s: x.service_s,
+        group: x.group,
+        first_turn: x.first_turn,
+    };
+    place_by(ring, key, bound, &hosts, &rule)
+}
+
+/// [`place`] reading the hosts through `x` as the walks reach them: the
+/// candidates (and, only when every candidate is over its bound, the rest
+/// of the key's walk up to the first host under its bound).
+pub fn place_by(
+    ring: &Ring,
+    key: u64,
+    bound: &Bound,
+    hosts: &Hosts<'_>,
+    x: &Rule,
+) -> Option<Placed> {
     let n = CANDIDATES.min(ring.hosts());
-    let cands = candidates(ring, key, x, n);
+    let cands = candidates(ring, key, hosts, x.group, n);
     let &(owner, owner_rank) = cands.first()?;
-    let total: u64 = x.loads.iter().sum();
-    let under = |h: usize| x.loads.get(h).copied().unwrap_or(0) < ring.capacity(h, total, bound);
-    let Some(q_o) = x.queues.get(owner).copied().flatten() else {
+    let total = hosts.total;
+    let under = |h: usize| (hosts.load)(h) < ring.capacity(h, total, bound);
+    let Some(q_o) = (hosts.queue)(owner) else {
         // No fresh report: a later turn stays (nothing every proxy sees
         // says to move it); a first turn takes bounded loads along the
         // candidates, then the walk.
@@ -201,7 +257,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
                 why: Why::Bound,
             });
         }
-        return bounded(ring, key, bound, x);
+        return bounded(ring, key, bound, hosts);
     };
     let w_o = q_o.max(0.0) * x.service_s;
     let u = spread(key);
@@ -209,8 +265,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         factor: bound.factor.powf(u),
         ..*bound
     };
-    let owner_over =
-        x.loads.get(owner).copied().unwrap_or(0) >= ring.capacity(owner, total, &keyed);
+    let owner_over = (hosts.load)(owner) >= ring.capacity(owner, total, &keyed);
     if !owner_over && !x.first_turn {
         return Some(Placed {
             host: owner,
@@ -230,7 +285,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
             continue;
         }
         any_under = true;
-        let q = x.queues.get(j).copied().flatten().unwrap_or(0.0).max(0.0);
+        let q = (hosts.queue)(j).unwrap_or(0.0).max(0.0);
         let saved = w_o - q * x.service_s;
         // Over its bound the owner gives way unless the miss's delay to
         // those queued at `j` outweighs the wait saved; under it, the wait
@@ -252,7 +307,7 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         None => {
             // The owner and every candidate over their bounds: bounded
             // loads along the whole walk.
-            return bounded(ring, key, bound, x);
+            return bounded(ring, key, bound, hosts);
         }
     };
     Some(Placed {

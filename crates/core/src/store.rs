@@ -8,7 +8,7 @@
 //! [`cas_update`], a bounded retry loop ([`CAS_RETRIES`]), so concurrent
 //! worker threads lose no updates; counters are little-endian `u64`s
 //! ([`add_counter`], [`decode_u64`]). The modules that keep state here
-//! ([`crate::load`], [`crate::health`], [`crate::scrape`],
+//! ([`crate::host_state`], [`crate::scrape`],
 //! [`crate::shared_index`], [`crate::gossip`]) each own their keys under
 //! `prefix_router/`.
 

@@ -235,6 +235,21 @@ mod native {
 #[cfg(not(target_arch = "wasm32"))]
 use native::*;
 
+/// Host calls made by this VM so far (every call through this module
+/// counts one; `proxy_http_call` through the SDK does not).
+static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count() {
+    CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Host calls this VM has made through this module so far: the filter
+/// takes differences around a request's callbacks
+/// (`prefix_router.hostcalls`).
+pub fn calls() -> u64 {
+    CALLS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Take ownership of a buffer the host returned (null: none).
 ///
 /// # Safety
@@ -250,12 +265,14 @@ unsafe fn owned(data: *mut u8, size: usize) -> Option<Vec<u8>> {
 
 /// Log a line.
 pub fn log(level: LogLevel, msg: &str) -> Result<(), Status> {
+    count();
     // SAFETY: pointer and length of a live &str.
     ok(unsafe { proxy_log(level as u32, msg.as_ptr(), msg.len()) })
 }
 
 /// The host's log level (`Trace` for a number out of range).
 pub fn log_level() -> Result<u32, Status> {
+    count();
     let mut l = 0u32;
     // SAFETY: a valid out-pointer.
     ok(unsafe { proxy_get_log_level(&mut l) })?;
@@ -264,6 +281,7 @@ pub fn log_level() -> Result<u32, Status> {
 
 /// Host clock, ns since the Unix epoch.
 pub fn now_ns() -> Result<u64, Status> {
+    count();
     let mut t = 0u64;
     // SAFETY: a valid out-pointer.
     ok(unsafe { proxy_get_current_time_nanoseconds(&mut t) })?;
@@ -272,12 +290,14 @@ pub fn now_ns() -> Result<u64, Status> {
 
 /// Set the root context's tick period.
 pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
+    count();
     // SAFETY: plain value.
     ok(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
 /// Bytes `start..start + max` of a buffer (`None`: no buffer).
 pub fn buffer(t: BufferType, start: usize, max: usize) -> Result<Option<Vec<u8>>, Status> {
+    count();
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
     // SAFETY: valid out-pointers; the result is owned as documented above.
@@ -290,6 +310,7 @@ pub fn buffer(t: BufferType, start: usize, max: usize) -> Result<Option<Vec<u8>>
 
 /// A header's value as bytes (`None`: absent).
 pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
+    count();
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
     // SAFETY: valid pointers; the result is owned as documented above.
@@ -304,6 +325,7 @@ pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
 
 /// Replace a header, or remove it with `None`.
 pub fn set_header(map: MapType, name: &str, value: Option<&[u8]>) -> Result<(), Status> {
+    count();
     // SAFETY: pointers and lengths of live slices.
     ok(unsafe {
         match value {
@@ -321,6 +343,7 @@ pub fn set_header(map: MapType, name: &str, value: Option<&[u8]>) -> Result<(), 
 
 /// Add a header value.
 pub fn add_header(map: MapType, name: &str, value: &[u8]) -> Result<(), Status> {
+    count();
     // SAFETY: pointers and lengths of live slices.
     ok(unsafe {
         proxy_add_header_map_value(
@@ -335,6 +358,7 @@ pub fn add_header(map: MapType, name: &str, value: &[u8]) -> Result<(), Status> 
 
 /// A property's bytes (`None`: absent). `path` parts are joined by NUL.
 pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
+    count();
     let mut p = Vec::with_capacity(path.iter().map(|s| s.len() + 1).sum());
     for (i, part) in path.iter().enumerate() {
         if i > 0 {
@@ -354,6 +378,7 @@ pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
 
 /// A shared-data value and its CAS (`None`: absent).
 pub fn shared_get(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
+    count();
     let mut data = std::ptr::null_mut();
     let mut size = 0usize;
     let mut cas = 0u32;
@@ -368,6 +393,7 @@ pub fn shared_get(key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), Status> {
 
 /// Set a shared-data value (`cas`: only if unchanged since read).
 pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Status> {
+    count();
     // SAFETY: pointers and lengths of live slices.
     ok(unsafe {
         proxy_set_shared_data(
@@ -405,6 +431,7 @@ pub fn send_response(
     headers: &[(&str, &[u8])],
     body: Option<&[u8]>,
 ) -> Result<(), Status> {
+    count();
     let h = serialize_map(headers);
     let (bp, bl) = body.map_or((std::ptr::null(), 0), |b| (b.as_ptr(), b.len()));
     // SAFETY: pointers and lengths of live slices.
@@ -415,6 +442,7 @@ pub fn send_response(
 
 /// Define a metric, returning its id.
 pub fn define_metric(t: MetricType, name: &str) -> Result<u32, Status> {
+    count();
     let mut id = 0u32;
     // SAFETY: pointer and length of a live &str; a valid out-pointer.
     ok(unsafe { proxy_define_metric(t as u32, name.as_ptr(), name.len(), &mut id) })?;
@@ -423,12 +451,14 @@ pub fn define_metric(t: MetricType, name: &str) -> Result<u32, Status> {
 
 /// Add `by` to a metric.
 pub fn increment_metric(id: u32, by: i64) -> Result<(), Status> {
+    count();
     // SAFETY: plain values.
     ok(unsafe { proxy_increment_metric(id, by) })
 }
 
 /// Set a gauge.
 pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
+    count();
     // SAFETY: plain values.
     ok(unsafe { proxy_record_metric(id, value) })
 }

@@ -5,8 +5,9 @@
 //!    ours → continue untouched (counted fallback). Ours → ask the replica for
 //!    an ORCA load report and pause to buffer the body.
 //! 2. Request body: buffer until end of stream (or fall back once it exceeds
-//!    `max_body_bytes`), read each host's load from shared data, decide, set
-//!    the destination header, count the request in flight, continue.
+//!    `max_body_bytes`), decide (the core reads the loads of the hosts it
+//!    looks at from shared data, [`crate::loads`]: one record per host),
+//!    set the destination header, count the request in flight, continue.
 //! 3. Response headers: read the replica's load report (ORCA or plain
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
@@ -18,7 +19,7 @@
 //! With `cost.mode = index` step 2 also hashes the whole prompt's strided chain
 //! and places by the cost rule, reading the shared-data prefix index
 //! ([`prefix_router_core::shared_index`]) and, with `queue = tokens`,
-//! each host's pending prefill tokens (this request's uncached prompt
+//! the candidates' pending prefill tokens (this request's uncached prompt
 //! tokens, its prompt minus the prefix the index credited the chosen host
 //! with, are added to that host's); step 3 records the chain under the host that
 //! actually served (2xx only) and releases the pending tokens (also
@@ -35,7 +36,9 @@ use std::rc::Rc;
 use prefix_router_core::cost::{self, QueueMode};
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
-use prefix_router_core::load::{self, HostLoad};
+use prefix_router_core::host_state;
+use prefix_router_core::load;
+use prefix_router_core::router::LoadSource;
 use prefix_router_core::scrape as core_scrape;
 use prefix_router_core::shared_index::{self, SharedLookup};
 use prefix_router_core::{Decision, FallbackCause, Request, RequestHead};
@@ -43,6 +46,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, LogLevel};
 
 use crate::host::{self, SharedData};
+use crate::loads::HostLoads;
 use crate::root::State;
 
 /// ORCA request header asking the replica for a load report.
@@ -86,6 +90,10 @@ pub struct Http {
     /// The failover hosts named after the chosen one in the destination
     /// header (comma-separated; empty: none), shown in the decision header.
     failover: String,
+    /// Host calls this request's callbacks made so far, and how many of
+    /// them `prefix_router.hostcalls` counts already.
+    calls: u64,
+    calls_reported: u64,
 }
 
 impl Http {
@@ -106,6 +114,8 @@ impl Http {
             gossip_rx: false,
             retry_checked: false,
             failover: String::new(),
+            calls: 0,
+            calls_reported: 0,
         }
     }
 
@@ -178,6 +188,8 @@ impl Http {
     }
 
     /// Step 2: read the request's inputs, make one core call, apply it.
+    /// The hosts' loads are read on demand ([`HostLoads`]): only the hosts
+    /// the decision looks at.
     fn decide(&mut self, api: Api, body_size: usize) -> Action {
         let body = match host::request_body(body_size) {
             Ok(b) => b,
@@ -188,10 +200,14 @@ impl Http {
         };
         let st = Rc::clone(&self.st);
         let now = self.now().unwrap_or(0);
-        let loads = self.read_loads(now);
+        let loads = HostLoads::new(&st, now);
+        if st.router.reads_every_host() {
+            loads.read_every_host();
+        }
         let params = self.cost_params();
         let session = self.session.take();
-        let req = Request::new(api, &body, &loads, now)
+        let req = Request::new(api, &body, &[], now)
+            .with_source(&loads)
             .with_session(session.as_deref())
             .with_params(&params);
         let d = self.place(req);
@@ -213,73 +229,6 @@ impl Http {
         self.decision = Some(d);
         self.api = None;
         Action::Continue
-    }
-
-    /// Every configured host's load from shared data: in-flight count and
-    /// report, passive-health ejection, and for the index rule's token
-    /// queue the pending prefill (its own and the peers' gossiped), plus
-    /// the hot-host rule's recent loads. A failed read counts a host error
-    /// and reads as idle.
-    fn read_loads(&self, now: u64) -> Vec<HostLoad> {
-        let st = &self.st;
-        let cfg = st.router.config();
-        let tokens_mode = cfg.cost.enabled && cfg.cost.params.queue == QueueMode::Tokens;
-        let mut loads = Vec::with_capacity(cfg.hosts.len());
-        for h in &cfg.hosts {
-            if h.weight <= 0.0 {
-                // A free slot of the membership table: never chosen.
-                loads.push(HostLoad::default());
-                continue;
-            }
-            let mut l = match load::read_load(&SharedData, &h.address) {
-                Ok(l) => l,
-                Err(e) => {
-                    self.host_error("reading shared load", e);
-                    HostLoad::default()
-                }
-            };
-            if cfg.health.failure_threshold > 0 {
-                match health::read_health(&SharedData, &h.address) {
-                    Ok(hs) => l.ejected = hs.ejected(now),
-                    Err(e) => self.host_error("reading shared health", e),
-                }
-            }
-            if tokens_mode {
-                match shared_index::read_pending_tokens(&SharedData, &h.address) {
-                    Ok(t) => l.pending_prefill_tokens = t,
-                    Err(e) => self.host_error("reading pending prefill tokens", e),
-                }
-            }
-            loads.push(l);
-        }
-        // Load gossip: the pending prefill the peer Envoys reported.
-        let peers = cfg
-            .gossip
-            .as_ref()
-            .filter(|g| tokens_mode && !g.peers.is_empty());
-        if let Some(g) = peers {
-            let max_age = prefix_router_core::gossip::peer_loads_max_age_ms(g.interval_ms);
-            match prefix_router_core::gossip::read_peer_pending(
-                &SharedData,
-                &g.peers,
-                loads.len(),
-                now,
-                max_age,
-            ) {
-                Ok(peer) => {
-                    for (l, t) in loads.iter_mut().zip(peer) {
-                        l.peer_pending_tokens = t;
-                    }
-                }
-                Err(e) => self.host_error("reading the peers' pending prefill", e),
-            }
-        }
-        // The hot-host rule's recent loads (a no-op with it off).
-        match st.trend.try_borrow_mut() {
-            Ok(mut t) => st.router.track_recent(&mut t, &mut loads, now),
-            Err(_) => st.metrics.inc(st.metrics.host_errors, 1),
-        }
-        loads
     }
 
     /// The cost parameters, with the learned prefill rate when
@@ -327,14 +276,14 @@ impl Http {
         idx: usize,
         key: u64,
         cached: u64,
-        loads: &[HostLoad],
+        loads: &HostLoads<'_>,
         params: &cost::CostParams,
         now: u64,
     ) -> Result<(), FallbackCause> {
         let st = Rc::clone(&self.st);
         let cfg = st.router.config();
         let h = cfg.hosts.get(idx).ok_or(FallbackCause::HostError)?;
-        let failover = st.router.failover(key, idx, loads, now);
+        let failover = st.router.failover_from(key, idx, loads, now);
         let dest = st
             .router
             .destination(idx, &failover)
@@ -347,7 +296,7 @@ impl Http {
             self.host_error("setting the destination header", e);
             return Err(FallbackCause::HostError);
         }
-        match load::add_inflight(&SharedData, &h.address, 1) {
+        match host_state::add_inflight(&SharedData, &h.address, 1) {
             Ok(_) => self.inflight = Some(h.address.clone()),
             Err(e) => self.host_error("counting in-flight", e),
         }
@@ -363,17 +312,15 @@ impl Http {
         let credited = params.pending_tokens(cached, 0);
         st.metrics.inc(st.metrics.credited_tokens, credited);
         if cfg.cost.learn_prefill {
-            if let Some(l) = loads.get(idx) {
-                // Work ahead of this request there: pending prefill tokens
-                // and others' waiting requests (tokens mode), or any request
-                // of ours in flight (requests mode, which does not track
-                // tokens).
-                let mut ahead = l.pending_ahead(now, cfg.load.freshness(), params);
-                if !tokens_mode {
-                    ahead = ahead.saturating_add(l.inflight);
-                }
-                self.learn = Some((idx, uncached, now, ahead));
+            // Work ahead of this request there: pending prefill tokens and
+            // others' waiting requests (tokens mode), or any request of
+            // ours in flight (requests mode, which does not track tokens).
+            let l = loads.load(idx);
+            let mut ahead = l.pending_ahead(now, cfg.load.freshness(), params);
+            if !tokens_mode {
+                ahead = ahead.saturating_add(l.inflight);
             }
+            self.learn = Some((idx, uncached, now, ahead));
         }
         if tokens_mode && uncached > 0 {
             let delta = i64::try_from(uncached).unwrap_or(i64::MAX);
@@ -460,7 +407,7 @@ impl Http {
         let Some(at_ms) = self.now() else { return };
         // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
-        match load::record_report(&SharedData, &served, q, running, at_ms) {
+        match host_state::record_report(&SharedData, &served, q, running, at_ms) {
             Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
             Err(e) => self.host_error("storing a load report", e),
         }
@@ -569,7 +516,7 @@ impl Http {
             return;
         };
         let Some(now) = self.now() else { return };
-        match health::record(&SharedData, addr, outcome, now, &cfg.health) {
+        match host_state::record_health(&SharedData, addr, outcome, now, &cfg.health) {
             Ok(true) => {
                 self.st.metrics.inc(self.st.metrics.ejections, 1);
                 let after = if outcome == health::Outcome::Unreachable
@@ -759,23 +706,21 @@ impl Http {
     fn release(&mut self) {
         self.release_pending();
         if let Some(addr) = self.inflight.take() {
-            if let Err(e) = load::add_inflight(&SharedData, &addr, -1) {
+            if let Err(e) = host_state::add_inflight(&SharedData, &addr, -1) {
                 self.host_error("releasing in-flight", e);
             }
         }
     }
 }
 
-impl Context for Http {
-    fn on_done(&mut self) -> bool {
+/// The callbacks' work; [`HttpContext`] and [`Context`] count the host
+/// calls each makes ([`Http::counted`]).
+impl Http {
+    fn done(&mut self) {
         self.release();
-        self.st.report_memory();
-        true
     }
-}
 
-impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+    fn request_headers(&mut self, end_of_stream: bool) -> Action {
         #[cfg(feature = "test-trap")]
         if matches!(host::request_header(TEST_TRAP_HEADER), Ok(Some(_))) {
             crate::root::trap();
@@ -828,7 +773,7 @@ impl HttpContext for Http {
         Action::Pause
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    fn request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.gossip_rx {
             let max = self
                 .st
@@ -860,7 +805,7 @@ impl HttpContext for Http {
         self.decide(api, body_size)
     }
 
-    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+    fn request_trailers(&mut self) -> Action {
         // A body that ended with trailers: decide on what was buffered.
         match self.api {
             Some(api) if self.body_size > 0 => self.decide(api, self.body_size),
@@ -869,7 +814,7 @@ impl HttpContext for Http {
         }
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn response_headers(&mut self) -> Action {
         self.release_pending();
         self.record_health(false);
         self.learn_prefill();
@@ -888,8 +833,65 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_log(&mut self) {
+    fn log(&mut self) {
         self.release();
         self.record_health(true);
+    }
+
+    /// Run one callback's work, counting the host calls it makes.
+    fn counted<T>(&mut self, f: impl FnOnce(&mut Http) -> T) -> T {
+        let t0 = crate::abi::calls();
+        let out = f(self);
+        self.calls = self
+            .calls
+            .saturating_add(crate::abi::calls().wrapping_sub(t0));
+        out
+    }
+
+    /// Add this request's host calls since the last report to
+    /// `prefix_router.hostcalls` and set `prefix_router.hostcalls.last` to
+    /// its count so far (at log and at done, whichever Envoy calls last
+    /// leaves the whole count; these calls are not counted).
+    fn report_calls(&mut self) {
+        let m = &self.st.metrics;
+        let new = self.calls.saturating_sub(self.calls_reported);
+        if new > 0 {
+            m.inc(m.hostcalls, new);
+        }
+        m.set(m.hostcalls_last, self.calls);
+        self.calls_reported = self.calls;
+    }
+}
+
+impl Context for Http {
+    fn on_done(&mut self) -> bool {
+        self.counted(Http::done);
+        self.report_calls();
+        // Bookkeeping of the VM, not of this request: not counted.
+        self.st.report_memory();
+        true
+    }
+}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.counted(|h| h.request_headers(end_of_stream))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.counted(|h| h.request_body(body_size, end_of_stream))
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.counted(Http::request_trailers)
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.counted(Http::response_headers)
+    }
+
+    fn on_log(&mut self) {
+        self.counted(Http::log);
+        self.report_calls();
     }
 }

@@ -21,6 +21,7 @@ pub mod abi;
 pub mod gossip;
 pub mod host;
 pub mod http;
+pub mod loads;
 pub mod membership;
 pub mod metrics;
 pub mod root;

@@ -37,6 +37,7 @@
 //! | `prefix_router.membership.changes` | `membership`: host table changes stored (a host came, went, or changed health, weight or address) |
 //! | `prefix_router.membership.poll_errors` / `prefix_router.membership.unknown_cluster` | `membership`: polls of Envoy's admin that failed (not dispatched, non-200, timeout, unreadable, no such cluster, no hosts: the hosts are kept) / that Envoy refused because it has no `membership.admin_cluster` (also logged once per VM naming the field) |
 //! | `prefix_router.vm.starts` | VMs of this filter started (`on_vm_start`; an Envoy counter, so it outlives a VM): workers + 1 after startup, one more for each VM Envoy reloads after a failure (`failure_policy: FAIL_RELOAD`) or a config change brings. Alert on an increase without a config change; Envoy's own `wasm.<plugin>.vm_reload` (`envoy_wasm_prefix_router_vm_reload`) counts the reloads alone |
+//! | `prefix_router.hostcalls` / `prefix_router.hostcalls.last` | proxy-wasm host calls the filter made in requests' callbacks (headers to log), summed / gauge, the last finished request's: divide the counter by the requests (`routed.*` + `fallback.*`) for calls per request; it does not grow with the number of hosts |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
@@ -72,6 +73,8 @@ pub struct Metrics {
     pub forget_capacity: u32,
     pub forget_flushed: u32,
     pub vm_memory: u32,
+    pub hostcalls: u32,
+    pub hostcalls_last: u32,
     pub prefill_tps: u32,
     pub credited_tokens: u32,
     hot_skipped: u32,
@@ -210,6 +213,8 @@ impl Metrics {
                 0
             },
             vm_memory: def_gauge("prefix_router.vm.memory_bytes"),
+            hostcalls: def("prefix_router.hostcalls"),
+            hostcalls_last: def_gauge("prefix_router.hostcalls.last"),
             prefill_tps: if cfg.cost.enabled && cfg.cost.learn_prefill {
                 def_gauge("prefix_router.cost.prefill_tps")
             } else {

@@ -47,6 +47,13 @@ pub struct State {
     pub trend: std::cell::RefCell<prefix_router_core::load::LoadTrend>,
     /// `gossip.peers`: observations this VM learned and has not sent yet.
     pub outbox: std::cell::RefCell<prefix_router_core::gossip::Outbox>,
+    /// The reported part of the fleet's load (the sum of every host's
+    /// [`prefix_router_core::load::HostLoad::others`]), refreshed on the
+    /// tick ([`crate::loads::refresh_others`]): the bound's total is the
+    /// fleet record's in-flight count plus this.
+    pub others: std::cell::Cell<u64>,
+    /// When [`State::others`] was last refreshed (`None`: never).
+    pub others_at: std::cell::Cell<Option<u64>>,
 }
 
 impl State {
@@ -138,6 +145,8 @@ impl Root {
                     .map(|mut o| std::mem::take(&mut *o))
                     .unwrap_or_default(),
             ),
+            others: std::cell::Cell::new(old.others.get()),
+            others_at: std::cell::Cell::new(None),
         });
         self.state = Some(state);
     }
@@ -340,7 +349,7 @@ impl RootContext for Root {
                         ),
                     );
                 }
-                // One tick for both periodic jobs: the shorter period.
+                // One tick for the periodic jobs: the shortest period.
                 let tick_ms = [
                     cfg.scrape.as_ref().map(|s| s.interval_ms),
                     cfg.gossip
@@ -348,6 +357,9 @@ impl RootContext for Root {
                         .filter(|g| !g.peers.is_empty())
                         .map(|g| g.interval_ms),
                     cfg.membership.as_ref().map(|m| m.interval_ms),
+                    // The reported part of the bound's total load.
+                    crate::loads::reports_configured(&cfg)
+                        .then_some(crate::loads::OTHERS_REFRESH_MS),
                 ]
                 .into_iter()
                 .flatten()
@@ -399,7 +411,10 @@ impl RootContext for Root {
                     memory_reported: Rc::new(std::cell::Cell::new(0)),
                     trend: std::cell::RefCell::new(Default::default()),
                     outbox: std::cell::RefCell::new(Default::default()),
+                    others: std::cell::Cell::new(0),
+                    others_at: std::cell::Cell::new(None),
                 });
+                crate::loads::refresh_others(&state, host::now_ms().unwrap_or(0));
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.
                 if let Some(old) = self.state.replace(state) {
@@ -441,6 +456,7 @@ impl RootContext for Root {
             st.metrics.inc(st.metrics.host_errors, 1);
             return;
         };
+        crate::loads::refresh_others(&st, now);
         let cfg = st.router.config();
         if let Some(sc) = &cfg.scrape {
             // Due half a tick early rather than a tick late.

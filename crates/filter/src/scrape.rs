@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prefix_router_core::config::{Config, ScrapeConfig};
-use prefix_router_core::load;
+use prefix_router_core::host_state;
 use prefix_router_core::scrape::{
     counter_reset, first_counter, flush_check, queue_depth, take_served_credit,
 };
@@ -236,7 +236,7 @@ impl Scraper {
             }
         };
         let at_ms = host::now_ms().unwrap_or(0);
-        match load::record_report(&SharedData, &addr, q, running, at_ms) {
+        match host_state::record_report(&SharedData, &addr, q, running, at_ms) {
             Ok(()) => metrics.inc(metrics.scrapes, 1),
             Err(e) => {
                 metrics.inc(metrics.scrape_errors, 1);

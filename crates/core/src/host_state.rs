@@ -1,0 +1,565 @@
+//! One shared-data record per host, and one for the fleet.
+//!
+//! Everything a decision reads about a host lives in one value under
+//! `prefix_router/host/<address>` ([`HostRecord`], [`RECORD_BYTES`] bytes,
+//! fixed layout): this proxy's in-flight count, the replica's last load
+//! report, passive health, and the index rule's pending prefill tokens.
+//! A decision reads one record per host it looks at (the key's ring-walk
+//! candidates), never the whole fleet's. Writers go through [`update`], a
+//! compare-and-swap loop on the one key ([`crate::store::cas_update`]), so
+//! the record's fields change together and no update is lost.
+//!
+//! The bound's fleet-wide total load is not summed host by host: the
+//! in-flight part is kept in the fleet record `prefix_router/fleet`
+//! ([`FLEET_KEY`], the sum of every host's in-flight count, changed by
+//! [`add_inflight`] with exactly the change it made to the host's count),
+//! and the reported part (other proxies' and clients' requests,
+//! [`crate::load::HostLoad::others`]) by a periodic sum the caller keeps
+//! ([`others_total`]).
+//!
+//! ## Layout (little-endian)
+//! | bytes | field |
+//! |---|---|
+//! | 0..8 | in-flight count (u64) |
+//! | 8..16 | report: waiting (f64) |
+//! | 16..24 | report: received at, ms (u64) |
+//! | 24..32 | report: running (f64) |
+//! | 32..40 | report: own in-flight at the report (u64) |
+//! | 40..44 | health: consecutive failures (u32) |
+//! | 44..48 | health: consecutive unreachable (u32) |
+//! | 48..56 | health: ejected until, ms (u64) |
+//! | 56..64 | pending prefill tokens (u64) |
+//! | 64 | flags: bit 0 = a report is present |
+//!
+//! A value of any other length (absent, cleared, garbage) reads as an idle,
+//! healthy host with no report.
+
+use crate::health::{HealthConfig, HealthState, Outcome};
+use crate::load::{Freshness, HostLoad, Report};
+use crate::store::{cas_update, decode_u64, SharedStore, StoreError};
+
+/// Bytes of an encoded [`HostRecord`].
+pub const RECORD_BYTES: usize = 65;
+
+/// Shared-data key of the fleet record: the sum of the hosts' in-flight
+/// counts (u64).
+pub const FLEET_KEY: &str = "prefix_router/fleet";
+
+/// Shared-data key of a host's record.
+pub fn key(address: &str) -> String {
+    format!("prefix_router/host/{address}")
+}
+
+/// Everything the filter keeps about one host.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostRecord {
+    /// Requests this proxy routed there and has not finished.
+    pub inflight: u64,
+    /// The replica's last load report.
+    pub report: Option<Report>,
+    /// Passive health.
+    pub health: HealthState,
+    /// The index rule's pending prefill tokens (`cost.queue = tokens`).
+    pub pending_tokens: u64,
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn f64_at(b: &[u8], at: usize) -> Option<f64> {
+    u64_at(b, at).map(f64::from_bits)
+}
+
+impl HostRecord {
+    /// The encoded record ([`RECORD_BYTES`] bytes, see the module docs).
+    pub fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        let r = self.report.unwrap_or(Report {
+            queue: 0.0,
+            running: 0.0,
+            own: 0,
+            at_ms: 0,
+        });
+        let fields: [(usize, [u8; 8]); 7] = [
+            (0, self.inflight.to_le_bytes()),
+            (8, r.queue.to_le_bytes()),
+            (16, r.at_ms.to_le_bytes()),
+            (24, r.running.to_le_bytes()),
+            (32, r.own.to_le_bytes()),
+            (48, self.health.ejected_until_ms.to_le_bytes()),
+            (56, self.pending_tokens.to_le_bytes()),
+        ];
+        for (at, v) in fields {
+            if let Some(d) = b.get_mut(at..at + 8) {
+                d.copy_from_slice(&v);
+            }
+        }
+        let small: [(usize, [u8; 4]); 2] = [
+            (40, self.health.consecutive_failures.to_le_bytes()),
+            (44, self.health.consecutive_unreachable.to_le_bytes()),
+        ];
+        for (at, v) in small {
+            if let Some(d) = b.get_mut(at..at + 4) {
+                d.copy_from_slice(&v);
+            }
+        }
+        if let Some(f) = b.get_mut(64) {
+            *f = u8::from(self.report.is_some());
+        }
+        b
+    }
+
+    /// Decode a stored value; anything but a [`RECORD_BYTES`]-byte value is
+    /// the default (idle, healthy, no report).
+    pub fn decode(v: Option<&[u8]>) -> HostRecord {
+        v.filter(|b| b.len() == RECORD_BYTES)
+            .and_then(Self::try_decode)
+            .unwrap_or_default()
+    }
+
+    fn try_decode(b: &[u8]) -> Option<HostRecord> {
+        let has_report = b.get(64).copied()? & 1 == 1;
+        let report = has_report.then_some(Report {
+            queue: f64_at(b, 8)?,
+            at_ms: u64_at(b, 16)?,
+            running: f64_at(b, 24)?,
+            own: u64_at(b, 32)?,
+        });
+        Some(HostRecord {
+            inflight: u64_at(b, 0)?,
+            report,
+            health: HealthState {
+                consecutive_failures: u32_at(b, 40)?,
+                consecutive_unreachable: u32_at(b, 44)?,
+                ejected_until_ms: u64_at(b, 48)?,
+            },
+            pending_tokens: u64_at(b, 56)?,
+        })
+    }
+
+    /// The host's load as a decision sees it at `now_ms` (ejection from
+    /// passive health; the peers' pending tokens and the recent load are
+    /// the caller's).
+    pub fn load(&self, now_ms: u64) -> HostLoad {
+        HostLoad {
+            inflight: self.inflight,
+            report: self.report,
+            ejected: self.health.ejected(now_ms),
+            pending_prefill_tokens: self.pending_tokens,
+            peer_pending_tokens: 0,
+            recent: 0.0,
+        }
+    }
+}
+
+/// Read one host's record (the default if absent).
+pub fn read<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<HostRecord, StoreError> {
+    let (v, _) = store.get(&key(address))?;
+    Ok(HostRecord::decode(v.as_deref()))
+}
+
+/// Read-modify-write one host's record with a bounded compare-and-swap
+/// loop: `f` changes the record and returns the result; a record `f`
+/// leaves unchanged (and that exists) is not written.
+pub fn update<S, T, F>(store: &S, address: &str, mut f: F) -> Result<T, StoreError>
+where
+    S: SharedStore + ?Sized,
+    F: FnMut(&mut HostRecord) -> T,
+{
+    cas_update(store, &key(address), |v| {
+        let cur = HostRecord::decode(v);
+        let mut next = cur;
+        let out = f(&mut next);
+        if next == cur && v.is_some_and(|b| b.len() == RECORD_BYTES) {
+            (None, out)
+        } else {
+            (Some(next.encode()), out)
+        }
+    })
+}
+
+/// Add `delta` to a host's in-flight count (saturating at 0) and the same
+/// change to the fleet's total ([`FLEET_KEY`]); returns the host's new
+/// count.
+pub fn add_inflight<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    delta: i64,
+) -> Result<u64, StoreError> {
+    let (old, new) = update(store, address, |r| {
+        let old = r.inflight;
+        r.inflight = if delta >= 0 {
+            old.saturating_add(delta.unsigned_abs())
+        } else {
+            old.saturating_sub(delta.unsigned_abs())
+        };
+        (old, r.inflight)
+    })?;
+    if new != old {
+        let change = if new > old {
+            i64::try_from(new - old).unwrap_or(i64::MAX)
+        } else {
+            i64::try_from(old - new).map_or(i64::MIN, |d| -d)
+        };
+        crate::store::add_counter(store, FLEET_KEY, change)?;
+    }
+    Ok(new)
+}
+
+/// The fleet's total in-flight count ([`FLEET_KEY`]; 0 if absent).
+pub fn read_fleet_inflight<S: SharedStore + ?Sized>(store: &S) -> Result<u64, StoreError> {
+    let (v, _) = store.get(FLEET_KEY)?;
+    Ok(decode_u64(v.as_deref()))
+}
+
+/// The reported part of the fleet's load at `now_ms`: the sum over
+/// `addresses` of [`HostLoad::others`] (one read per host: the caller keeps
+/// it and refreshes it periodically, off the request path). Unreadable
+/// records count 0; the first error is returned beside the sum.
+pub fn others_total<'a, S: SharedStore + ?Sized>(
+    store: &S,
+    addresses: impl IntoIterator<Item = &'a str>,
+    now_ms: u64,
+    f: Freshness,
+) -> (u64, Option<StoreError>) {
+    let mut sum = 0u64;
+    let mut err = None;
+    for a in addresses {
+        match read(store, a) {
+            Ok(r) => sum = sum.saturating_add(r.load(now_ms).others(now_ms, f)),
+            Err(e) => {
+                err.get_or_insert(e);
+            }
+        }
+    }
+    (sum, err)
+}
+
+/// Read one host's passive health.
+pub fn read_health<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<HealthState, StoreError> {
+    Ok(read(store, address)?.health)
+}
+
+/// Record a try's outcome at a host ([`HealthState::after`]); returns
+/// `true` if it ejected the host.
+pub fn record_health<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    outcome: Outcome,
+    now_ms: u64,
+    cfg: &HealthConfig,
+) -> Result<bool, StoreError> {
+    update(store, address, |r| {
+        let (next, ejected) = r.health.after(outcome, now_ms, cfg);
+        r.health = next;
+        ejected
+    })
+}
+
+/// A host's in-flight count (0 if absent).
+pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<u64, StoreError> {
+    Ok(read(store, address)?.inflight)
+}
+
+/// Store what a replica reported (`queue` waiting, `running` requests) at
+/// `at_ms`, with this proxy's own in-flight count at the host as of now
+/// ([`Report::own`], read in the same compare-and-swap), so that
+/// [`HostLoad::others`] can tell the proxy's requests from everyone
+/// else's.
+pub fn record_report<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    queue: f64,
+    running: f64,
+    at_ms: u64,
+) -> Result<(), StoreError> {
+    update(store, address, |r| {
+        r.report = Some(Report {
+            queue,
+            running,
+            own: r.inflight,
+            at_ms,
+        });
+    })
+}
+
+/// Store a report for a host (last writer wins: a report is a snapshot).
+pub fn store_report<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    r: Report,
+) -> Result<(), StoreError> {
+    update(store, address, |rec| rec.report = Some(r))
+}
+
+/// Read one host's load: its in-flight count and report (ejection and
+/// pending tokens left out: [`HostRecord::load`] has them).
+pub fn read_load<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<HostLoad, StoreError> {
+    let r = read(store, address)?;
+    Ok(HostLoad {
+        inflight: r.inflight,
+        report: r.report,
+        ..HostLoad::default()
+    })
+}
+
+/// Forget what the filter kept about a host that left: its load report,
+/// passive health and pending tokens (its in-flight count drains as its
+/// requests end, keeping the fleet total right).
+pub fn drop_host_state<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<(), StoreError> {
+    update(store, address, |r| {
+        *r = HostRecord {
+            inflight: r.inflight,
+            ..HostRecord::default()
+        };
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+    #[cfg(not(target_family = "wasm"))]
+    use std::sync::Arc;
+
+    #[test]
+    fn record_round_trips_and_garbage_is_idle() {
+        let r = HostRecord {
+            inflight: 3,
+            report: Some(Report {
+                queue: 2.5,
+                running: 4.0,
+                own: 1,
+                at_ms: 77,
+            }),
+            health: HealthState {
+                consecutive_failures: 2,
+                consecutive_unreachable: 1,
+                ejected_until_ms: 900,
+            },
+            pending_tokens: 12345,
+        };
+        assert_eq!(HostRecord::decode(Some(&r.encode())), r);
+        let none = HostRecord { report: None, ..r };
+        assert_eq!(HostRecord::decode(Some(&none.encode())), none);
+        assert_eq!(HostRecord::decode(None), HostRecord::default());
+        assert_eq!(HostRecord::decode(Some(&[1, 2, 3])), HostRecord::default());
+        assert_eq!(HostRecord::decode(Some(&[])), HostRecord::default());
+        assert!(r.load(899).ejected && !r.load(900).ejected);
+        assert_eq!(r.load(0).pending_prefill_tokens, 12345);
+    }
+
+    #[test]
+    fn inflight_keeps_the_fleet_total() {
+        let s = MemStore::default();
+        assert_eq!(add_inflight(&s, "a", 2), Ok(2));
+        assert_eq!(add_inflight(&s, "b", 1), Ok(1));
+        assert_eq!(read_fleet_inflight(&s), Ok(3));
+        // The fleet total changes by what the host count changed: a count
+        // saturating at 0 takes nothing off it.
+        assert_eq!(add_inflight(&s, "b", -1), Ok(0));
+        assert_eq!(add_inflight(&s, "b", -1), Ok(0));
+        assert_eq!(read_fleet_inflight(&s), Ok(2));
+        assert_eq!(add_inflight(&s, "a", -2), Ok(0));
+        assert_eq!(read_fleet_inflight(&s), Ok(0));
+        // Dropping a host's state keeps its in-flight count.
+        add_inflight(&s, "c", 2).unwrap();
+        update(&s, "c", |r| r.pending_tokens = 9).unwrap();
+        drop_host_state(&s, "c").unwrap();
+        assert_eq!(
+            read(&s, "c").unwrap(),
+            HostRecord {
+                inflight: 2,
+                ..HostRecord::default()
+            }
+        );
+    }
+
+    #[test]
+    fn others_total_sums_fresh_reports() {
+        let s = MemStore::default();
+        let f = Freshness::ttl(1000);
+        for (a, q, at) in [("a", 3.0, 0u64), ("b", 5.0, 500), ("c", 7.0, 0)] {
+            update(&s, a, |r| {
+                r.report = Some(Report {
+                    queue: q,
+                    running: 0.0,
+                    own: 0,
+                    at_ms: at,
+                })
+            })
+            .unwrap();
+        }
+        assert_eq!(others_total(&s, ["a", "b"], 1000, f), (8, None));
+        // `a` and `c` expired at 1001.
+        assert_eq!(others_total(&s, ["a", "b", "c", "d"], 1001, f), (5, None));
+    }
+
+    const CFG: HealthConfig = HealthConfig {
+        failure_threshold: 3,
+        cooldown_ms: 1000,
+        unreachable_threshold: 0,
+    };
+    const F: Outcome = Outcome::Failed;
+    const OK: Outcome = Outcome::Ok;
+    const U: Outcome = Outcome::Unreachable;
+
+    #[test]
+    fn ejects_after_threshold_and_readmits_after_cooldown() {
+        let s = MemStore::default();
+        assert!(!record_health(&s, "a", F, 0, &CFG).unwrap());
+        assert!(!record_health(&s, "a", F, 1, &CFG).unwrap());
+        assert!(record_health(&s, "a", F, 2, &CFG).unwrap());
+        let h = read_health(&s, "a").unwrap();
+        assert!(h.ejected(500));
+        assert!(!h.ejected(1002));
+        // Failures while ejected do not extend the cool-down.
+        assert!(!record_health(&s, "a", F, 10, &CFG).unwrap());
+        assert_eq!(read_health(&s, "a").unwrap().ejected_until_ms, 1002);
+    }
+
+    #[test]
+    fn success_resets_the_count() {
+        let s = MemStore::default();
+        record_health(&s, "a", F, 0, &CFG).unwrap();
+        record_health(&s, "a", F, 0, &CFG).unwrap();
+        record_health(&s, "a", OK, 0, &CFG).unwrap();
+        assert!(!record_health(&s, "a", F, 0, &CFG).unwrap());
+        assert!(!read_health(&s, "a").unwrap().ejected(0));
+    }
+
+    #[test]
+    fn threshold_zero_never_ejects() {
+        let s = MemStore::default();
+        let off = HealthConfig {
+            failure_threshold: 0,
+            cooldown_ms: 1000,
+            unreachable_threshold: 2,
+        };
+        for t in 0..100 {
+            assert!(!record_health(&s, "a", F, t, &off).unwrap());
+            assert!(!record_health(&s, "a", U, t, &off).unwrap());
+        }
+        assert!(!read_health(&s, "a").unwrap().ejected(50));
+    }
+
+    #[test]
+    fn store_round_trip() {
+        let s = MemStore::default();
+        assert_eq!(add_inflight(&s, "a", 1), Ok(1));
+        assert_eq!(add_inflight(&s, "a", 1), Ok(2));
+        assert_eq!(add_inflight(&s, "a", -5), Ok(0));
+        store_report(
+            &s,
+            "a",
+            Report {
+                queue: 3.5,
+                running: 4.0,
+                own: 2,
+                at_ms: 77,
+            },
+        )
+        .unwrap();
+        let l = read_load(&s, "a").unwrap();
+        assert_eq!(l.inflight, 0);
+        assert_eq!(
+            l.report,
+            Some(Report {
+                queue: 3.5,
+                running: 4.0,
+                own: 2,
+                at_ms: 77
+            })
+        );
+        // record_report takes this proxy's in-flight count as `own`.
+        add_inflight(&s, "d", 3).unwrap();
+        record_report(&s, "d", 1.0, 4.0, 9).unwrap();
+        let d = read_load(&s, "d").unwrap();
+        assert_eq!(d.report.map(|r| r.own), Some(3));
+        assert_eq!(d.others(9, Freshness::ttl(10)), 2);
+        assert_eq!(d.effective(9, Freshness::ttl(10)), 5);
+        assert_eq!(read_load(&s, "b").unwrap(), HostLoad::default());
+    }
+
+    // wasm32-wasip1 has no threads; the filter's CAS path is exercised by the
+    // single-threaded tests there and by Envoy with --concurrency 2.
+    #[cfg(not(target_family = "wasm"))]
+    #[test]
+    fn cas_loop_loses_no_updates_under_contention() {
+        let s = Arc::new(MemStore::default());
+        // The key exists before the race: a write to an absent key carries
+        // no CAS (as in Envoy's shared data), so two first writes could
+        // both land; this test is about the CAS loop once it exists.
+        add_inflight(&*s, "h", 0).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    // Under heavy CPU contention a thread can exhaust its
+                    // retries (an error the filter counts and logs); the
+                    // property here is that no *successful* update is lost.
+                    let add = |d: i64| while add_inflight(&*s, "h", d).is_err() {};
+                    for _ in 0..2000 {
+                        add(1);
+                        add(1);
+                        add(-1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(read_load(&*s, "h").unwrap().inflight, 8000);
+    }
+
+    #[test]
+    fn unreachable_tries_eject_sooner() {
+        let cfg = HealthConfig {
+            failure_threshold: 5,
+            cooldown_ms: 1000,
+            unreachable_threshold: 2,
+        };
+        let s = MemStore::default();
+        // Two refused connections in a row: out.
+        assert!(!record_health(&s, "a", U, 0, &cfg).unwrap());
+        assert!(record_health(&s, "a", U, 1, &cfg).unwrap());
+        // A host that answers (even 5xx) is reachable: the streak restarts,
+        // and ordinary failures need the full threshold.
+        let s = MemStore::default();
+        assert!(!record_health(&s, "b", U, 0, &cfg).unwrap());
+        assert!(!record_health(&s, "b", F, 0, &cfg).unwrap());
+        assert!(!record_health(&s, "b", U, 0, &cfg).unwrap());
+        assert!(!record_health(&s, "b", F, 0, &cfg).unwrap());
+        assert!(record_health(&s, "b", F, 0, &cfg).unwrap());
+        // A success resets both counts.
+        let s = MemStore::default();
+        assert!(!record_health(&s, "c", U, 0, &cfg).unwrap());
+        assert!(!record_health(&s, "c", OK, 0, &cfg).unwrap());
+        assert!(!record_health(&s, "c", U, 0, &cfg).unwrap());
+        // Off (0): unreachable tries are ordinary failures.
+        let off = HealthConfig {
+            unreachable_threshold: 0,
+            ..cfg
+        };
+        let s = MemStore::default();
+        for t in 0..4 {
+            assert!(!record_health(&s, "d", U, t, &off).unwrap());
+        }
+        assert!(record_health(&s, "d", U, 4, &off).unwrap());
+    }
+}
