@@ -37,7 +37,8 @@ const ABOUT: &str =
 
 const ENVIRONMENT: &str = "\
 Environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
-target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
+target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default: the newer of
+target/prefix_router.wasm, written by ./build.sh wasm, and cargo's
 target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.";
 
 const DEMO_ABOUT: &str = "\
