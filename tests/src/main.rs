@@ -4,8 +4,10 @@
 //! ```text
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
-//! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..]
-//!                            [--hostcalls-hosts N1,N2,..] [--hostcalls-patch JSON]
+//! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..] [--skip-latency]
+//!                           [--cpu-rounds N] [--cpu-seconds S] [--cpu-connections N]
+//!                           [--cpu-compare-wasm WASM]
+//!                           [--hostcalls-hosts N1,N2,..] [--hostcalls-patch JSON]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
 //!                         [--cost-patch JSON]
 //! prefix-router-lab gossip-cost [--batches N] [--observations N] [--hashes N]
@@ -23,6 +25,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use prefix_router_lab::envoy::{EnvoyMode, EnvoyOptions, FilterConfig};
 use prefix_router_lab::gossip_cost::GossipCostOptions;
 use prefix_router_lab::overhead::OverheadOptions;
+use prefix_router_lab::overhead_cpu::CpuOptions;
 use prefix_router_lab::report::side_by_side;
 use prefix_router_lab::spike::SpikeOptions;
 use prefix_router_lab::workload::{RequestRecord, DEMO_CACHE_TOKENS};
@@ -35,7 +38,8 @@ const ABOUT: &str =
 
 const ENVIRONMENT: &str = "\
 Environment: ENVOY_BIN (default .venv/bin/envoy), PREFIX_ROUTER_BACKEND (default
-target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default
+target/native/prefix-router-backend), PREFIX_ROUTER_WASM (default: the newer of
+target/prefix_router.wasm, written by ./build.sh wasm, and cargo's
 target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.";
 
 const DEMO_ABOUT: &str = "\
@@ -54,7 +58,12 @@ A progress bar shows each column's requests while it runs (on stderr, when it is
 const OVERHEAD_ABOUT: &str = "\
 Measures the filter's added latency: Envoy without a filter, with the do-nothing testbed
 filter, and with prefix-router, in one interleaved run (see BENCHMARKS.md).
-Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).";
+Needs target/wasm32-wasip1/release/testbed_filter.wasm (or PREFIX_ROUTER_TESTBED_WASM).
+
+Then the CPU part (tests/src/overhead_cpu.rs): Envoy's CPU per request under wrk load (2
+workers, 3 instant backends, 1-8 KiB chat bodies), round robin without a filter vs the
+do-nothing filter, prefix-router's default config and cost.mode off, in interleaved rounds.
+Needs wrk on the PATH (or WRK_BIN; ./build.sh setup installs Debian's wrk).";
 
 const SPIKE_ABOUT: &str = "\
 The default rule under a load spike (tests/src/spike.rs): 4 backends, `old` conversations with
@@ -89,7 +98,7 @@ enum Command {
     /// prefix-router vs round robin (and peers) on a multi-turn chat workload, side by side
     #[command(long_about = DEMO_ABOUT, after_help = ENVIRONMENT)]
     Demo(DemoArgs),
-    /// The filter's added latency inside Envoy
+    /// The filter's added latency and proxy CPU per request inside Envoy
     #[command(long_about = OVERHEAD_ABOUT, after_help = ENVIRONMENT)]
     Overhead(OverheadArgs),
     /// The default rule under a load spike: TTFT and placements, ring alone vs default
@@ -297,6 +306,23 @@ struct OverheadArgs {
     /// '{"cost":{"mode":"index"}}'
     #[arg(long, value_name = "JSON", default_value = "{}")]
     hostcalls_patch: String,
+    /// CPU part: interleaved rounds of wrk load per configuration (0: skip the CPU part)
+    #[arg(long, value_name = "N", default_value_t = CpuOptions::default().rounds)]
+    cpu_rounds: usize,
+    /// CPU part: seconds of load per configuration per round
+    #[arg(long, value_name = "S", default_value_t = CpuOptions::default().seconds,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    cpu_seconds: u32,
+    /// CPU part: wrk's keep-alive connections
+    #[arg(long, value_name = "N", default_value_t = CpuOptions::default().connections,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    cpu_connections: u32,
+    /// CPU part: also measure the default config with this build of the filter
+    #[arg(long, value_name = "WASM")]
+    cpu_compare_wasm: Option<std::path::PathBuf>,
+    /// Skip the latency part (the table of added latency per body size)
+    #[arg(long)]
+    skip_latency: bool,
 }
 
 /// `prefix-router-lab spike` options.
@@ -553,7 +579,19 @@ fn overhead(args: &OverheadArgs) -> Result<(), String> {
     if !args.sizes.is_empty() {
         opts.sizes = args.sizes.clone();
     }
-    println!("{}", prefix_router_lab::overhead::run(&opts)?);
+    if !args.skip_latency {
+        println!("{}", prefix_router_lab::overhead::run(&opts)?);
+    }
+    // The CPU part: proxy CPU per request under wrk, against Envoy round robin.
+    if args.cpu_rounds > 0 {
+        let cpu = CpuOptions {
+            rounds: args.cpu_rounds,
+            seconds: args.cpu_seconds,
+            connections: args.cpu_connections,
+            compare_wasm: args.cpu_compare_wasm.clone(),
+        };
+        println!("{}", prefix_router_lab::overhead_cpu::run(&cpu)?);
+    }
     if args.hostcalls_hosts != [0] {
         let patch: serde_json::Value = serde_json::from_str(&args.hostcalls_patch)
             .map_err(|e| format!("--hostcalls-patch: {e}"))?;
@@ -772,6 +810,22 @@ mod tests {
         };
         assert_eq!((o.sizes.as_slice(), o.rounds), (&[100, 2000][..], 2));
         assert_eq!(o.per_round, OverheadOptions::default().per_round);
+        assert_eq!(
+            (o.cpu_rounds, o.cpu_seconds, o.skip_latency),
+            (
+                CpuOptions::default().rounds,
+                CpuOptions::default().seconds,
+                false
+            )
+        );
+        let Command::Overhead(o) = parse(&["overhead", "--skip-latency", "--cpu-rounds", "0"])
+            .unwrap()
+            .command
+        else {
+            panic!("not overhead");
+        };
+        assert_eq!((o.cpu_rounds, o.skip_latency), (0, true));
+        assert!(parse(&["overhead", "--cpu-seconds", "0"]).is_err());
         let Command::Spike(s) = parse(&["spike", "--cost-patch", r#"{"mode": "index"}"#])
             .unwrap()
             .command

@@ -76,6 +76,20 @@ pub fn envoy_bin() -> Result<PathBuf> {
     )
 }
 
+/// The load generator of `overhead`'s CPU part: `$WRK_BIN`, else `wrk` on the `PATH`
+/// (Debian's wrk 4.1.0; `./build.sh setup` installs it).
+pub fn wrk_bin() -> Result<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).map(|d| d.join("wrk")).collect())
+        .unwrap_or_default();
+    first_existing(
+        "WRK_BIN",
+        on_path,
+        "load generator (wrk)",
+        "run `./build.sh setup` (installs Debian's wrk)",
+    )
+}
+
 /// The backend simulator: `$PREFIX_ROUTER_BACKEND`, else `<target>/native/prefix-router-backend`,
 /// else `<target>/debug/prefix-router-backend`.
 pub fn backend_bin() -> Result<PathBuf> {
@@ -91,13 +105,25 @@ pub fn backend_bin() -> Result<PathBuf> {
     )
 }
 
-/// The filter: `$PREFIX_ROUTER_WASM`, else `<target>/wasm32-wasip1/release/prefix_router.wasm`.
+/// The filter: `$PREFIX_ROUTER_WASM`, else the newer of `<target>/prefix_router.wasm` (the
+/// shipped one: `./build.sh wasm` runs wasm-opt on cargo's output) and cargo's own
+/// `<target>/wasm32-wasip1/release/prefix_router.wasm` (newer when cargo rebuilt it since).
 pub fn filter_wasm() -> Result<PathBuf> {
+    let t = target_dir();
+    let shipped = t.join("prefix_router.wasm");
+    let cargo = t.join("wasm32-wasip1/release/prefix_router.wasm");
+    let mtime = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let candidates = if mtime(&cargo) > mtime(&shipped) {
+        vec![cargo, shipped]
+    } else {
+        vec![shipped, cargo]
+    };
     first_existing(
         "PREFIX_ROUTER_WASM",
-        vec![target_dir().join("wasm32-wasip1/release/prefix_router.wasm")],
+        candidates,
         "prefix-router filter (.wasm)",
-        "run `./build.sh wasm` (cargo build --release --target wasm32-wasip1 -p prefix-router)",
+        "run `./build.sh wasm` (cargo build --release --target wasm32-wasip1 -p prefix-router, \
+         then wasm-opt)",
     )
 }
 

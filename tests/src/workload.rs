@@ -324,7 +324,7 @@ fn sentence(rng: &mut Rng) -> String {
 }
 
 /// About `bytes` of text made of sentences.
-fn text(rng: &mut Rng, bytes: usize) -> String {
+pub fn text(rng: &mut Rng, bytes: usize) -> String {
     let mut out = String::new();
     while out.len() < bytes {
         if !out.is_empty() {

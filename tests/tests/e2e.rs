@@ -3,7 +3,8 @@
 //!
 //! They need three artifacts and FAIL (never skip) when one is missing:
 //! * Envoy: `$ENVOY_BIN` or `.venv/bin/envoy` (`./build.sh setup`)
-//! * the filter: `target/wasm32-wasip1/release/prefix_router.wasm` (`./build.sh wasm`)
+//! * the filter: `$PREFIX_ROUTER_WASM`, or the newer of `target/prefix_router.wasm` (`./build.sh
+//!   wasm`, after wasm-opt) and cargo's `target/wasm32-wasip1/release/prefix_router.wasm`
 //! * the backend: `$PREFIX_ROUTER_BACKEND` or `target/native/prefix-router-backend`
 //!   (`./build.sh native`)
 //!

@@ -7,7 +7,7 @@
 //!    [`ConfigError`] naming the field, the value and the reason, e.g.
 //!    ``field `capacity_factor` = 0.5: must be >= 1``; JSON type errors too
 //!    (``field `vnodes` = -5: must be an integer 0..=4294967295``: the field's
-//!    path comes from `serde_path_to_error`).
+//!    path is found from where serde_json stopped, [`error_path`]).
 //!
 //! Every field, its type, default, allowed values and meaning are the doc
 //! comments of the `Raw*` structs below: `docs/config.md` is generated from
@@ -1077,7 +1077,11 @@ impl Config {
     /// Parse and validate filter JSON.
     pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let raw: RawConfig = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
+        let raw = RawConfig::deserialize(&mut de).map_err(|e| {
+            let duplicate = e.to_string().starts_with("duplicate field ");
+            let path = error_path(bytes, &e, duplicate);
+            json_error(&path_text(&path), e)
+        })?;
         de.end().map_err(|e| {
             err(
                 "<json>",
@@ -1089,12 +1093,278 @@ impl Config {
     }
 }
 
+/// One step of a JSON path: an object's member, an array's element, or a
+/// member whose key could not be read (a syntax error where a key belongs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+    Unknown,
+}
+
+/// The path of the value a serde_json error of deserializing [`RawConfig`]
+/// from `bytes` is about, as `serde_path_to_error` would report it (the
+/// config tests compare the two on mutated configs): the text is walked up to
+/// where serde_json stopped, keeping the stack of open objects (with the
+/// member being read) and arrays (with the element's index).
+///
+/// A data error (type, value, unknown or missing member) names the value
+/// serde_json had just read or was about to read: the member whose key it
+/// just read (unknown field), the object or array it just closed (missing
+/// field, too short), or the value it stopped at. A duplicate field names the
+/// object (`duplicate`). A syntax error names the value being parsed, or,
+/// between values, the array (`[1,]`) or the object with an unread key
+/// (`{"a": 1 x`: `.?`).
+///
+/// serde's derived visitors raise their errors at exactly those points. The
+/// walk runs only on a failed configure; deserializing through
+/// `serde_path_to_error` instead built every visitor against its tracking
+/// wrappers: 24 KB more .wasm.
+fn error_path(bytes: &[u8], e: &serde_json::Error, duplicate: bool) -> Vec<Seg> {
+    enum Frame {
+        Obj(Option<String>),
+        Arr(usize),
+    }
+    #[derive(PartialEq)]
+    enum Last {
+        Start,
+        Open,
+        Key,
+        Colon,
+        Comma,
+        Value,
+    }
+    // serde_json's line (1-based) and column (bytes read on that line).
+    let line_start = if e.line() <= 1 {
+        0
+    } else {
+        bytes
+            .iter()
+            .enumerate()
+            .filter(|&(_, &b)| b == b'\n')
+            .nth(e.line() - 2)
+            .map_or(bytes.len(), |(i, _)| i + 1)
+    };
+    let end = line_start.saturating_add(e.column()).min(bytes.len());
+    let syntax = !matches!(e.classify(), serde_json::error::Category::Data);
+    let mut stack: Vec<Frame> = Vec::new();
+    let mut last = Last::Start;
+    let mut i = 0;
+    loop {
+        while i < end && matches!(bytes.get(i), Some(b' ' | b'\n' | b'\t' | b'\r')) {
+            i += 1;
+        }
+        let Some(&c) = bytes.get(i).filter(|_| i < end) else {
+            break;
+        };
+        let in_obj = matches!(stack.last(), Some(Frame::Obj(_)));
+        let want_value = match last {
+            Last::Start | Last::Colon => true,
+            Last::Open | Last::Comma => !in_obj,
+            Last::Key | Last::Value => false,
+        };
+        match c {
+            b'{' | b'[' if want_value => {
+                stack.push(if c == b'{' {
+                    Frame::Obj(None)
+                } else {
+                    Frame::Arr(0)
+                });
+                last = Last::Open;
+                i += 1;
+            }
+            b'"' if want_value || (in_obj && matches!(last, Last::Open | Last::Comma)) => {
+                let Some(j) = string_end(bytes, i).filter(|&j| j <= end) else {
+                    break;
+                };
+                if want_value {
+                    last = Last::Value;
+                } else {
+                    let key = bytes.get(i + 1..j - 1).unwrap_or_default();
+                    let key = serde_json::from_slice::<String>(bytes.get(i..j).unwrap_or_default())
+                        .unwrap_or_else(|_| String::from_utf8_lossy(key).into_owned());
+                    if let Some(Frame::Obj(k)) = stack.last_mut() {
+                        *k = Some(key);
+                    }
+                    last = Last::Key;
+                }
+                i = j;
+            }
+            b'-' | b'0'..=b'9' | b't' | b'f' | b'n' if want_value => {
+                let Some(j) = scalar_end(bytes, i).filter(|&j| j <= end) else {
+                    break;
+                };
+                last = Last::Value;
+                i = j;
+            }
+            b':' if last == Last::Key => {
+                last = Last::Colon;
+                i += 1;
+            }
+            b',' if last == Last::Value && !stack.is_empty() => {
+                match stack.last_mut() {
+                    Some(Frame::Obj(k)) => *k = None,
+                    Some(Frame::Arr(n)) => *n += 1,
+                    None => {}
+                }
+                last = Last::Comma;
+                i += 1;
+            }
+            b'}' if in_obj && matches!(last, Last::Open | Last::Value) => {
+                stack.pop();
+                last = Last::Value;
+                i += 1;
+            }
+            b']' if !in_obj && !stack.is_empty() && matches!(last, Last::Open | Last::Value) => {
+                stack.pop();
+                last = Last::Value;
+                i += 1;
+            }
+            _ => break,
+        }
+    }
+    let mut path: Vec<Seg> = stack
+        .iter()
+        .map(|f| match f {
+            Frame::Obj(Some(k)) => Seg::Key(k.clone()),
+            Frame::Obj(None) => Seg::Unknown,
+            Frame::Arr(n) => Seg::Index(*n),
+        })
+        .collect();
+    let in_obj = matches!(stack.last(), Some(Frame::Obj(_)));
+    // Whether the error is the container's (between its values) rather than
+    // its current member's or element's.
+    let containers = if syntax {
+        match last {
+            Last::Value => {
+                // After a value: the object reads its next key (unread: `.?`),
+                // the array its next separator.
+                if in_obj {
+                    if let Some(p) = path.last_mut() {
+                        *p = Seg::Unknown;
+                    }
+                    false
+                } else {
+                    true
+                }
+            }
+            Last::Key => true,
+            Last::Open | Last::Comma if !in_obj => {
+                // `[` or `,` then `]` or the end: the array's own error.
+                matches!(bytes.get(i), None | Some(b']'))
+            }
+            _ => false,
+        }
+    } else {
+        duplicate && last == Last::Key
+    };
+    if containers {
+        path.pop();
+    }
+    path
+}
+
+/// The end (exclusive) of the JSON string starting at `bytes[i]` (`"`), or
+/// `None` if it is not a whole, valid one (no end, a control character, a bad
+/// escape, not UTF-8).
+fn string_end(bytes: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        match *bytes.get(j)? {
+            b'"' => {
+                std::str::from_utf8(bytes.get(i + 1..j)?).ok()?;
+                return Some(j + 1);
+            }
+            b'\\' => match *bytes.get(j + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => j += 2,
+                b'u' => {
+                    // A surrogate must be a high one followed by `\\u` and a low one.
+                    let unit = hex4(bytes.get(j + 2..j + 6)?)?;
+                    j += 6;
+                    if (0xDC00..0xE000).contains(&unit) {
+                        return None;
+                    }
+                    if (0xD800..0xDC00).contains(&unit) {
+                        if bytes.get(j..j + 2)? != b"\\u" {
+                            return None;
+                        }
+                        let low = hex4(bytes.get(j + 2..j + 6)?)?;
+                        if !(0xDC00..0xE000).contains(&low) {
+                            return None;
+                        }
+                        j += 6;
+                    }
+                }
+                _ => return None,
+            },
+            0..=0x1f => return None,
+            _ => j += 1,
+        }
+    }
+}
+
+/// Four hex digits as a UTF-16 code unit.
+fn hex4(b: &[u8]) -> Option<u32> {
+    u32::from_str_radix(std::str::from_utf8(b).ok()?, 16)
+        .ok()
+        .filter(|_| b.iter().all(u8::is_ascii_hexdigit))
+}
+
+/// The end (exclusive) of the number or literal starting at `bytes[i]`, or
+/// `None` if it is not a whole one (`1.`, `01`, `-`, `tru`).
+fn scalar_end(bytes: &[u8], i: usize) -> Option<usize> {
+    let at = |j: usize| bytes.get(j).copied();
+    let digits = |mut j: usize| {
+        let s = j;
+        while at(j).is_some_and(|b| b.is_ascii_digit()) {
+            j += 1;
+        }
+        (j > s).then_some(j)
+    };
+    for lit in [&b"true"[..], b"false", b"null"] {
+        if at(i) == lit.first().copied() {
+            return bytes
+                .get(i..i + lit.len())
+                .filter(|w| *w == lit)
+                .map(|_| i + lit.len());
+        }
+    }
+    let mut j = i;
+    if at(j) == Some(b'-') {
+        j += 1;
+    }
+    j = if at(j) == Some(b'0') {
+        if at(j + 1).is_some_and(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        j + 1
+    } else {
+        digits(j)?
+    };
+    if at(j) == Some(b'.') {
+        j = digits(j + 1)?;
+    }
+    if matches!(at(j), Some(b'e' | b'E')) {
+        j += 1;
+        if matches!(at(j), Some(b'+' | b'-')) {
+            j += 1;
+        }
+        j = digits(j)?;
+    }
+    // serde_json refuses a number beyond f64's range (`1e400`).
+    std::str::from_utf8(bytes.get(i..j)?)
+        .ok()?
+        .parse::<f64>()
+        .ok()
+        .filter(|f| f.is_finite())?;
+    Some(j)
+}
+
 /// A JSON or type error as a [`ConfigError`] naming the field's path (e.g.
 /// `hosts[0].weight`, not the offending value as serde's message would
 /// suggest), the value as written and what was expected.
-fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
-    let path = path_text(e.path());
-    let inner = e.into_inner();
+fn json_error(path: &str, inner: serde_json::Error) -> ConfigError {
+    let path = path.to_string();
     let at = format!(" at line {} column {}", inner.line(), inner.column());
     let full = inner.to_string();
     let msg = full.strip_suffix(&at).unwrap_or(&full);
@@ -1159,13 +1429,12 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ConfigError {
 /// A JSON path as the config's fields are named (`hosts[0].weight`; `.` for
 /// the top level). A key that is not a plain name is quoted (`cost."a b"`,
 /// `""`), so every path names a field, whatever the JSON's keys.
-fn path_text(p: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
+fn path_text(p: &[Seg]) -> String {
     let mut out = String::new();
-    for seg in p.iter() {
+    for seg in p {
         match seg {
-            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
-            Segment::Map { key } | Segment::Enum { variant: key } => {
+            Seg::Index(index) => out.push_str(&format!("[{index}]")),
+            Seg::Key(key) => {
                 if !out.is_empty() {
                     out.push('.');
                 }
@@ -1177,7 +1446,7 @@ fn path_text(p: &serde_path_to_error::Path) -> String {
                     out.push_str(&format!("{key:?}"));
                 }
             }
-            Segment::Unknown => out.push_str(".?"),
+            Seg::Unknown => out.push_str(".?"),
         }
     }
     if out.is_empty() {
@@ -1887,6 +2156,148 @@ mod tests {
 
     fn bad(json: &str) -> ConfigError {
         Config::from_json(json.as_bytes()).unwrap_err()
+    }
+
+    /// `serde_path_to_error`'s path of deserializing `RawConfig` from `b`, and
+    /// [`error_path`]'s, when serde_json fails (`None` when it does not).
+    fn both_paths(b: &[u8]) -> Option<(String, String)> {
+        let mut de = serde_json::Deserializer::from_slice(b);
+        let reference = serde_path_to_error::deserialize::<_, RawConfig>(&mut de);
+        let plain = RawConfig::deserialize(&mut serde_json::Deserializer::from_slice(b));
+        match (reference, plain) {
+            (Ok(_), Ok(_)) => None,
+            (Err(r), Err(e)) => {
+                assert_eq!(r.inner().to_string(), e.to_string());
+                let segs: Vec<Seg> = r
+                    .path()
+                    .iter()
+                    .map(|s| match s {
+                        serde_path_to_error::Segment::Seq { index } => Seg::Index(*index),
+                        serde_path_to_error::Segment::Map { key }
+                        | serde_path_to_error::Segment::Enum { variant: key } => {
+                            Seg::Key(key.clone())
+                        }
+                        serde_path_to_error::Segment::Unknown => Seg::Unknown,
+                    })
+                    .collect();
+                let dup = e.to_string().starts_with("duplicate field ");
+                Some((path_text(&segs), path_text(&error_path(b, &e, dup))))
+            }
+            (r, p) => panic!("{:?} vs {:?}", r.err(), p.err()),
+        }
+    }
+
+    #[test]
+    fn error_paths_agree_with_serde_path_to_error_on_mutated_configs() {
+        // The examples and the config fuzz target's seeds (compiled in: the wasm32 run has no
+        // file system), and a host given as an array.
+        let seeds: [&[u8]; 8] = [
+            br#"{"hosts":[["127.0.0.1:1","a",1]],"key":{"mode":"text"},"paths":["/v1/completions"]}"#,
+            include_bytes!("../../../examples/filter-full.json"),
+            include_bytes!("../../../examples/filter-cost.json"),
+            include_bytes!("../../../examples/filter-sglang.json"),
+            include_bytes!("../../../examples/filter-minimal.json"),
+            include_bytes!("../../../fuzz/seeds/config/bad-gossip.json"),
+            include_bytes!("../../../fuzz/seeds/config/bad-vnodes.json"),
+            include_bytes!("../../../fuzz/seeds/config/empty-key-regression.json"),
+        ];
+        let tokens = [
+            ",",
+            "]",
+            "}",
+            "{",
+            "[",
+            ":",
+            "\"x\"",
+            "1",
+            "-",
+            "1.",
+            "01",
+            "1e",
+            "null",
+            "true",
+            "tru",
+            "\"a\":1",
+            " ",
+            "\"\\u00e9\"",
+            "x",
+            "\"\\q\"",
+            "\n",
+            "\"",
+            "-5",
+            "1.5",
+            "5000000000",
+            "[]",
+            "{}",
+            "[1]",
+            "{\"a\":1}",
+            "[\"x\",2]",
+            "\"vnodes\":3,",
+            "\"mode\":\"x\",",
+            "\"zzz\":1,",
+            "\"hosts\":[],",
+            "\"weight\":\"w\",",
+            "\"\\ud800\"",
+            "\"\\udc00x\"",
+            "\"\\ud83d\\ude00\"",
+            "\\u00",
+            "\"\\u12\"",
+            "\u{e9}",
+            "\"k\\u00e9y\":2,",
+            "1E+2",
+            "-0",
+            "0.5e-3",
+            "[[",
+            "]]",
+            "\t",
+            "\"a\"",
+        ];
+        let mut rng = 0x1234_5678_9abc_def0u64;
+        let mut next = |n: usize| {
+            rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            ((z ^ (z >> 31)) % n.max(1) as u64) as usize
+        };
+        let (mut failed, mut checked) = (0, 0);
+        for seed in seeds {
+            for _ in 0..2000 {
+                let mut b = seed.to_vec();
+                for _ in 0..1 + next(3) {
+                    let at = next(b.len() + 1);
+                    match next(5) {
+                        0 => b.truncate(at),
+                        4 => b.insert(at, 0xff),
+                        1 => {
+                            if at < b.len() {
+                                b.remove(at);
+                            }
+                        }
+                        _ => {
+                            let t = tokens[next(tokens.len())].as_bytes();
+                            b.splice(at..at, t.iter().copied());
+                        }
+                    }
+                }
+                if let Some((want, got)) = both_paths(&b) {
+                    checked += 1;
+                    if want != got {
+                        failed += 1;
+                        if failed <= 10 {
+                            let e = RawConfig::deserialize(
+                                &mut serde_json::Deserializer::from_slice(&b),
+                            )
+                            .err()
+                            .map(|e| e.to_string());
+                            eprintln!("{e:?}\n  want {want:?} got {got:?}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000, "{checked}");
+        assert_eq!(failed, 0, "of {checked}");
     }
 
     #[test]
