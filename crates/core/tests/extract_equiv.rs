@@ -511,6 +511,37 @@ fn corpus_of_repository_bodies() {
     );
 }
 
+/// The `route` fuzz target's inputs (its first two bytes pick the API, a
+/// session and the loads; the rest is the body): the committed seeds, and
+/// the local corpus of earlier fuzz runs when there is one
+/// (`fuzz/corpus/route`, not committed), through all four APIs.
+#[test]
+#[cfg_attr(target_os = "wasi", ignore = "reads repository files")]
+fn fuzz_inputs_agree_with_the_reference() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let mut n = 0;
+    for dir in ["seeds/route", "corpus/route"] {
+        let Ok(rd) = std::fs::read_dir(root.join(dir)) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(data) = std::fs::read(e.path()) else {
+                continue;
+            };
+            if let Some(body) = data.get(2..) {
+                check_all(body);
+                n += 1;
+            }
+        }
+    }
+    println!("fuzz inputs: {n} bodies checked per API");
+    assert!(
+        n >= 5,
+        "only {n} fuzz inputs found under {}",
+        root.display()
+    );
+}
+
 /// Bodies the size of real ones, and the adversarial element-heavy ones.
 #[test]
 fn large_bodies() {
