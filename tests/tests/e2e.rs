@@ -3509,6 +3509,37 @@ fn later_turn_moves(run: &prefix_router_lab::workload::RunResult) -> (usize, usi
     (moved, counted)
 }
 
+/// `workload` through `proxies` Envoys with the default config in front of the demo's four
+/// backends (caches sized as the demo's), each conversation's turns alternating between them.
+fn run_demo_backends(
+    label: &str,
+    column: &str,
+    workload: &Workload,
+    proxies: usize,
+) -> (
+    prefix_router_lab::workload::RunResult,
+    prefix_router_lab::report::Report,
+) {
+    let lab = ok(Lab::start(&LabOptions {
+        label: label.to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
+            ..backend_opts()
+        },
+        envoy: None,
+    }));
+    let envoys = ok(lab.start_envoys(
+        proxies,
+        EnvoyMode::PrefixRouter,
+        &FilterConfig::Default,
+        false,
+        false,
+    ));
+    let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
+    ok(lab.run_workload_at(workload, column, &urls))
+}
+
 // 38. Two Envoys with the default config (issue 19): the demo's document chat with no think
 //     time, each conversation's turns alternating between two Envoys (no gossip, no scrape),
 //     keeps its turns on one replica and its hit rate about as well as one Envoy does. A later
@@ -3528,36 +3559,8 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
         ..WorkloadOptions::default()
     });
     let total = workload.total_requests();
-    let start = |label: &str, one: bool| {
-        ok(Lab::start(&LabOptions {
-            label: label.to_string(),
-            backends: 4,
-            backend: BackendOptions {
-                cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
-                ..backend_opts()
-            },
-            envoy: one.then(|| EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Default,
-                ..EnvoyOptions::default()
-            }),
-        }))
-    };
-    let lab1 = start("e2e-one-envoy", true);
-    let (run1, one) = ok(lab1.run_workload(&workload, "one Envoy"));
-    drop(lab1);
-    let lab2 = start("e2e-two-envoys", false);
-    let envoys = ok(lab2.start_envoys(
-        2,
-        EnvoyMode::PrefixRouter,
-        &FilterConfig::Default,
-        false,
-        false,
-    ));
-    let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
-    let (run2, two) = ok(lab2.run_workload_at(&workload, "two Envoys", &urls));
-    drop(envoys);
-    drop(lab2);
+    let (run1, one) = run_demo_backends("e2e-one-envoy", "one Envoy", &workload, 1);
+    let (run2, two) = run_demo_backends("e2e-two-envoys", "two Envoys", &workload, 2);
     let table = side_by_side(&[&one, &two]);
     eprintln!("{table}");
     let mut problems = Vec::new();
@@ -3614,25 +3617,7 @@ fn an_application_preamble_does_not_pile_conversations_onto_one_replica() {
         think_ms: (0, 1),
         ..WorkloadOptions::default()
     });
-    let lab = ok(Lab::start(&LabOptions {
-        label: "e2e-preamble".to_string(),
-        backends: 4,
-        backend: BackendOptions {
-            cache_tokens: prefix_router_lab::workload::DEMO_CACHE_TOKENS,
-            ..backend_opts()
-        },
-        envoy: None,
-    }));
-    let envoys = ok(lab.start_envoys(
-        2,
-        EnvoyMode::PrefixRouter,
-        &FilterConfig::Default,
-        false,
-        false,
-    ));
-    let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
-    let (run, report) = ok(lab.run_workload_at(&workload, "two Envoys", &urls));
-    drop(envoys);
+    let (run, report) = run_demo_backends("e2e-preamble", "two Envoys", &workload, 2);
     let mut later: std::collections::BTreeMap<&str, usize> = Default::default();
     let mut n_later = 0;
     for r in &run.records {

@@ -1040,63 +1040,36 @@ mod tests {
         // preamble's owner (the group), their later turns to each
         // conversation's own key owner, the same at every turn.
         let r = router(8);
-        let sys = "You are the assistant of an application. ".repeat(125);
-        let body = |i: usize, turns: usize| {
-            let mut m = vec![format!(r#"{{"role":"system","content":"{sys}"}}"#)];
+        let app = "You are the assistant of an application. ".repeat(125);
+        // `turns` user turns (answers between them) after `system`.
+        let body = |system: &str, user: &str, turns: usize| {
+            let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
             for t in 0..turns {
-                m.push(format!(
-                    r#"{{"role":"user","content":"user {i} turn {t}"}}"#
-                ));
+                m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
                 m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
             }
             m.pop();
             format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
         };
         let idle = vec![HostLoad::default(); 8];
-        let host = |d: Decision| match d {
+        let place = |b: String| match decide(&r, Api::ChatCompletions, b.as_bytes(), None, &idle, 0)
+        {
             Decision::Routed { host, key, .. } => (host, key),
             d => panic!("{d:?}"),
         };
+        let owner = |k: u64| r.ring.walk(k).next().unwrap();
         let mut firsts = std::collections::BTreeSet::new();
         let mut later = std::collections::BTreeSet::new();
         for i in 0..40 {
-            let (h1, k1) = host(decide(
-                &r,
-                Api::ChatCompletions,
-                body(i, 1).as_bytes(),
-                None,
-                &idle,
-                0,
-            ));
+            let user = format!("user {i}");
+            let (h1, k1) = place(body(&app, &user, 1));
             assert!(k1.preamble_group);
-            assert_eq!(
-                h1,
-                r.ring.walk(k1.group).next().unwrap(),
-                "first turn: the group owner"
-            );
+            assert_eq!(h1, owner(k1.group), "first turn: the group owner");
             firsts.insert(h1);
-            let (h2, k2) = host(decide(
-                &r,
-                Api::ChatCompletions,
-                body(i, 2).as_bytes(),
-                None,
-                &idle,
-                0,
-            ));
-            let (h3, _) = host(decide(
-                &r,
-                Api::ChatCompletions,
-                body(i, 3).as_bytes(),
-                None,
-                &idle,
-                0,
-            ));
+            let (h2, k2) = place(body(&app, &user, 2));
+            let (h3, _) = place(body(&app, &user, 3));
             assert_eq!(k2.hash, k1.hash);
-            assert_eq!(
-                h2,
-                r.ring.walk(k1.hash).next().unwrap(),
-                "later turn: its key owner"
-            );
+            assert_eq!(h2, owner(k1.hash), "later turn: its key owner");
             assert_eq!(h3, h2);
             later.insert(h2);
         }
@@ -1104,36 +1077,11 @@ mod tests {
         assert!(later.len() >= 6, "later turns spread: {later:?}");
         // A short system prompt: the group holds the user's text, and a
         // later turn stays with it.
-        let own = |turns: usize| {
-            let mut m = vec![r#"{"role":"system","content":"Be brief."}"#.to_string()];
-            for t in 0..turns {
-                m.push(format!(
-                    r#"{{"role":"user","content":"{} {t}"}}"#,
-                    "my document ".repeat(500)
-                ));
-                m.push(r#"{"role":"assistant","content":"ok"}"#.to_string());
-            }
-            m.pop();
-            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
-        };
-        let (h1, k1) = host(decide(
-            &r,
-            Api::ChatCompletions,
-            own(1).as_bytes(),
-            None,
-            &idle,
-            0,
-        ));
-        let (h2, _) = host(decide(
-            &r,
-            Api::ChatCompletions,
-            own(2).as_bytes(),
-            None,
-            &idle,
-            0,
-        ));
+        let doc = "my document ".repeat(500);
+        let (h1, k1) = place(body("Be brief.", &doc, 1));
+        let (h2, _) = place(body("Be brief.", &doc, 2));
         assert!(!k1.preamble_group);
-        assert_eq!((h1, h2), (r.ring.walk(k1.group).next().unwrap(), h1));
+        assert_eq!((h1, h2), (owner(k1.group), h1));
     }
 
     #[test]
