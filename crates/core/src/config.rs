@@ -244,7 +244,8 @@ fn d_unreachable() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct RawCost {
     /// The routing rule. `spill`: the priced spill ([`crate::spill`]): the
-    /// group owner, then the key's ring walk; the first candidate keeps a
+    /// group key's ring walk (the group owner, then its successors); the
+    /// first candidate keeps a
     /// request unless the wait saved (replica-reported queues x
     /// `service_s`) pays re-prefilling the prompt there and the delay that
     /// adds to the requests queued there; no per-proxy state, so every
