@@ -1378,7 +1378,7 @@ mod tests {
             } => {
                 assert_ne!(h2, host);
                 assert_eq!(skipped, 1);
-                assert_eq!(d.outcome(), "moved", "the queue prices it away");
+                assert_eq!(d.outcome(), "spill");
             }
             _ => panic!(),
         }

@@ -31,35 +31,31 @@
 //!    `num_requests_waiting`, ORCA or scrape), faded by age.
 //! 3. **A later turn** (a session or user key, or a conversation key whose
 //!    prompt goes on past the first user message) stays at
-//!    `o` under `o`'s bound (below), and over it leaves only as the price
-//!    below allows, never by the bound alone: the bound's load is partly
+//!    `o` under `o`'s bound (below), and over it leaves only as step 3's
+//!    price allows, never by the bound alone: the bound's load is partly
 //!    this proxy's own in-flight count, which the fleet's other proxies do
 //!    not see, so moving a conversation by it would split the conversation
 //!    between proxies. Without a fresh report for `o` a later turn stays.
-//! 4. **A first turn**, under its bound or over it (`c^u` times the
-//!    fleet's mean load, floor `min_capacity`; `u` in `[1, 2)` from the
-//!    key's hash), and a later turn over it, stay at `o` unless a
-//!    candidate `j` under its own bound has
+//!    **A first turn under its bound** (`c^u` times the fleet's mean load,
+//!    floor `min_capacity`; `u` in `[1, 2)` from the key's hash, so keys
+//!    leave a loaded owner one by one as its load grows, the same keys each
+//!    time) stays at `o` unless a candidate `j` under its own bound has
 //!
 //!    ```text
 //!    (W_o - W_j) - held_s x (1 + q_j) x u  >  0
 //!    ```
 //!
-//!    and then go to the `j` with the largest such value. The wait saved
-//!    must pay the re-prefill (`held_s`: a conversation's next turn comes
-//!    back to `o`, which then prefills the prompt again) and the delay
-//!    that work adds to the `q_j` requests queued at `j`: under load a
-//!    queue of `q` requests means a utilisation `rho` with
-//!    `rho / (1 - rho)` about `q`, the delay a unit of work adds to those
-//!    behind it, so a miss is worth more the busier the fleet is and hits
-//!    are kept near saturation. The bound alone moves nothing here: an
-//!    owner whose report shows no wait can start the request at once, and
-//!    moving a first turn it would hold costs the conversation its next
-//!    turn's hit (before, a first turn over its bound went to an idle
-//!    candidate unpriced: in the Envoy lab those were most of the turns off
-//!    their conversation's replica, and in the suite the priced rule kept
-//!    more hits in both halves; docs/design.md). If every candidate is over its bound:
-//!    plain bounded loads along the whole walk ([`Ring::place`]).
+//!    The wait saved must pay the re-prefill (`held_s`) and the delay that
+//!    work adds to the `q_j` requests queued at `j`: under load a queue of
+//!    `q` requests means a utilisation `rho` with `rho / (1 - rho)` about
+//!    `q`, the delay a unit of work adds to those behind it, so a miss is
+//!    worth more the busier the fleet is and hits are kept near
+//!    saturation.
+//! 4. **A first turn over its bound**: `o` gives way to the candidate under its bound
+//!    with the largest `(W_o - W_j) - held_s x q_j x u` if it is not
+//!    negative: against an idle candidate the bound decides, as in plain
+//!    bounded loads. If every candidate is over its bound: plain bounded
+//!    loads along the whole walk ([`Ring::place`]).
 //! 5. **No fresh report for `o`**: a first turn takes plain bounded loads
 //!    ([`Ring::place`]); a later turn stays at `o`.
 //!
@@ -71,9 +67,9 @@
 //! replicas' reports. A proxy's own in-flight requests enter only through
 //! the bound's load ([`crate::load::HostLoad::effective`]: its in-flight
 //! requests plus the report's requests beyond its own when the report was
-//! taken), and only a first turn without a fresh report is ever moved by
-//! the bound alone: where a conversation opens may differ between proxies,
-//! where it goes on does not. No prefix index, no gossip, no state per key.
+//! taken), and only a first turn is ever moved by the bound alone: where a
+//! conversation opens may differ between proxies, where it goes on does
+//! not. No prefix index, no gossip, no state per key.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
@@ -88,10 +84,12 @@ use crate::ring::{Bound, Ring};
 pub enum Why {
     /// The first candidate (the group's or the key's owner).
     Owner,
-    /// A later candidate: its shorter wait pays the miss (step 4).
+    /// A later candidate, the first under its bound: its shorter wait
+    /// pays the miss (step 3).
     Priced,
-    /// A later candidate by plain bounded loads: no fresh report for the
-    /// first (step 5), or every candidate over its bound (step 4).
+    /// A later candidate: the first was over its bound (step 4), or plain
+    /// bounded loads decided (no fresh report, or every candidate over its
+    /// bound).
     Bound,
 }
 
@@ -271,10 +269,11 @@ pub fn place_by(
             why: Why::Owner,
         });
     }
-    // Over or under its bound, a request leaves only where the reports
-    // price the move as paying for itself (a later turn is priced only
-    // over the bound: the bound's load is partly this proxy's own
-    // in-flight count, which another proxy does not see).
+    // Only a first turn is priced as over its bound: a later turn over it
+    // still leaves only where the reports price it as under it (the bound's
+    // load is partly this proxy's own in-flight count, which another proxy
+    // does not see).
+    let over = owner_over && x.first_turn;
     let mut best: Option<(usize, u32, f64)> = None;
     let mut any_under = false;
     for &(j, rank) in cands.iter().skip(1) {
@@ -283,10 +282,18 @@ pub fn place_by(
         }
         any_under = true;
         let q = (hosts.queue)(j).unwrap_or(0.0).max(0.0);
-        // The wait saved must pay this request's re-prefill and the delay
-        // that work adds to those queued at `j`.
-        let net = w_o - q * x.service_s - x.held_s * (1.0 + q) * u;
-        if net > 0.0 && best.is_none_or(|b| net > b.2) {
+        let saved = w_o - q * x.service_s;
+        // Over its bound the owner gives way unless the miss's delay to
+        // those queued at `j` outweighs the wait saved; under it, the wait
+        // saved must also pay this request's own re-prefill.
+        let (net, ok) = if over {
+            let net = saved - x.held_s * q * u;
+            (net, net >= 0.0)
+        } else {
+            let net = saved - x.held_s * (1.0 + q) * u;
+            (net, net > 0.0)
+        };
+        if ok && best.is_none_or(|b| net > b.2) {
             best = Some((j, rank, net));
         }
     }
@@ -302,10 +309,10 @@ pub fn place_by(
     Some(Placed {
         host: best.0,
         rank: best.1,
-        why: if best.0 == owner {
-            Why::Owner
-        } else {
-            Why::Priced
+        why: match (best.0 == owner, over) {
+            (true, _) => Why::Owner,
+            (false, false) => Why::Priced,
+            (false, true) => Why::Bound,
         },
     })
 }
@@ -389,7 +396,7 @@ mod tests {
     }
 
     #[test]
-    fn over_its_bound_a_first_turn_still_pays_its_reprefill_to_leave() {
+    fn over_its_bound_a_held_prompt_moves_to_an_idle_candidate_and_stays_against_a_queue() {
         let r = ring(4);
         let key = 9;
         let w = order(&r, key);
@@ -397,25 +404,25 @@ mod tests {
         let mut loads = vec![4; 4];
         loads[w[0]] = 21;
         let el = vec![true; 4];
-        // 2 queued at the owner (1 s) against idle candidates: the wait
-        // saved does not pay re-prefilling 2 s of prompt (2 x 1 x u), so
-        // the bound alone does not move it.
         let mut q = vec![Some(0.0); 4];
         q[w[0]] = Some(2.0);
         let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
+        assert_eq!(
+            (p.host, p.why),
+            (w[1], Why::Bound),
+            "idle candidate: the bound decides"
+        );
+        // Every other candidate has a queue of 1: the wait saved (1 x 0.5 s)
+        // is less than re-prefilling 2 s of prefix there (2 x 1 x u).
+        let mut q = vec![Some(1.0); 4];
+        q[w[0]] = Some(2.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
         assert_eq!((p.host, p.why), (w[0], Why::Owner), "the hit is kept");
-        // A short prompt (0.1 s) is worth moving for the same 1 s.
-        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.1)).unwrap();
-        assert_eq!((p.host, p.why), (w[1], Why::Priced));
-        // Equal waits: nothing is saved, the owner keeps even a short one.
-        let q = vec![Some(2.0); 4];
-        let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.1)).unwrap();
-        assert_eq!((p.host, p.why), (w[0], Why::Owner));
-        // A long enough queue at the owner outweighs the long prompt.
+        // A long enough queue at the owner outweighs it.
         let mut q = vec![Some(1.0); 4];
         q[w[0]] = Some(30.0);
         let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 2.0)).unwrap();
-        assert_eq!((p.host, p.why), (w[1], Why::Priced));
+        assert_ne!(p.host, w[0]);
     }
 
     #[test]
@@ -434,12 +441,11 @@ mod tests {
             first_turn: false,
             ..first
         };
-        // Both keep their hit: 2 queued (1 s) do not pay re-prefilling 2 s
-        // of prompt elsewhere.
-        for x in [&first, &later] {
-            let p = place(&r, key, &bound(), x).unwrap();
-            assert_eq!((p.host, p.why), (w[0], Why::Owner));
-        }
+        // A first turn gives way over the bound; a later turn keeps its hit:
+        // 2 queued (1 s) do not pay re-prefilling 2 s of prefix elsewhere.
+        assert_eq!(place(&r, key, &bound(), &first).unwrap().why, Why::Bound);
+        let p = place(&r, key, &bound(), &later).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
         // 30 queued (15 s) outweigh it: the reports move it.
         let mut q30 = q.clone();
         q30[w[0]] = Some(30.0);
@@ -541,36 +547,6 @@ mod tests {
             match a {
                 Some(p) => prop_assert!(eligible[p.host]),
                 None => prop_assert!(eligible.iter().all(|e| !e)),
-            }
-        }
-
-        /// With a fresh report for the owner, a request leaves it only for
-        /// a candidate whose wait saved pays the move's price, over the
-        /// owner's bound or under it, unless every candidate is over its
-        /// bound (plain bounded loads).
-        #[test]
-        fn with_a_report_every_move_pays_its_price(
-            key in any::<u64>(),
-            loads in proptest::collection::vec(0u64..40, 6),
-            queues in proptest::collection::vec(proptest::option::of(0.0f64..30.0), 6),
-            held in 0.0f64..5.0,
-            first_turn in any::<bool>(),
-        ) {
-            let r = ring(6);
-            let el = vec![true; 6];
-            let w = order(&r, key);
-            let owner = w[0];
-            let mut queues = queues;
-            queues[owner] = Some(queues[owner].unwrap_or(0.0));
-            let x = Inputs { first_turn, ..inputs(&loads, &queues, &el, held) };
-            let p = place(&r, key, &bound(), &x).unwrap();
-            prop_assume!(p.why != Why::Bound);
-            if p.host != owner {
-                prop_assert_eq!(p.why, Why::Priced);
-                let q = queues[p.host].unwrap_or(0.0);
-                let net = (queues[owner].unwrap_or(0.0) - q) * 0.5
-                    - held * (1.0 + q) * spread(key);
-                prop_assert!(net > 0.0, "moved at net {}", net);
             }
         }
     }

@@ -5,8 +5,8 @@
 //! | name | meaning |
 //! |---|---|
 //! | `prefix_router.routed.hit` | routed to the key's ring owner |
-//! | `prefix_router.routed.spill` | routed past the owner by the load bound (plain bounded loads: `cost.mode: off`, no fresh report, or every candidate over its bound; the index rule: the owner at its bound) |
-//! | `prefix_router.routed.moved` | routed to a later candidate on the price: the priced spill, a shorter reported queue that pays the miss; the index rule, a better estimate (its cached prefix, or a shorter queue) than the first host under the bound |
+//! | `prefix_router.routed.spill` | routed past the owner because it was at its load bound |
+//! | `prefix_router.routed.moved` | cost rule: routed to a later candidate that won on its estimate (its cached prefix, or a shorter queue) over the first host under the bound |
 //! | `prefix_router.spill_hops` | hosts skipped in total by spills |
 //! | `prefix_router.key.{prompt,session,user}` | where routed keys came from |
 //! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, host_error |
