@@ -3545,9 +3545,9 @@ fn run_demo_backends(
 //     keeps its turns on one replica and its hit rate about as well as one Envoy does. A later
 //     turn never leaves its owner by the bound alone (the bound counts each Envoy's own
 //     in-flight requests); before that rule two Envoys kept 90 % of turns. The turns that do
-//     leave are mostly later turns whose owner, over its bound, reports a queue worth more
-//     than their re-prefill while all 50 conversations open within 4 s (issue 19's 99 %
-//     target is not met: 96-98 % measured, so the bar here is 92 %). Between later
+//     leave are first turns moved or spilled while all 50 conversations open within 4 s, and
+//     later turns whose owner, over its bound, reports a queue worth more than their
+//     re-prefill (issue 19's 99 % target is not met: 96-98 % measured, so the bar is 92 %). Between later
 //     turns 0-3 % change replica with two Envoys (16.5 % with the former rule, whose two
 //     Envoys kept 91 % of turns in the same run): the bar is 8 %.
 #[test]
