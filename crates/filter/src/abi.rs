@@ -72,6 +72,7 @@ extern "C" {
         data: *mut *mut u8,
         size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(map_type: u32, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
         key: *const u8,
@@ -161,6 +162,9 @@ mod native {
         _: *mut *mut u8,
         _: *mut usize,
     ) -> u32 {
+        10
+    }
+    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
         10
     }
     pub unsafe fn proxy_replace_header_map_value(
@@ -323,6 +327,20 @@ pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
     }
 }
 
+/// Every header of a map in one call, as the host serialized them
+/// ([`decode_map`] reads them; `None`: no such map).
+pub fn header_pairs(map: MapType) -> Result<Option<Vec<u8>>, Status> {
+    count();
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers; the result is owned as documented above.
+    match unsafe { proxy_get_header_map_pairs(map as u32, &mut data, &mut size) } {
+        OK => Ok(Some(unsafe { owned(data, size) }.unwrap_or_default())),
+        NOT_FOUND => Ok(None),
+        n => Err(status(n)),
+    }
+}
+
 /// Replace a header, or remove it with `None`.
 pub fn set_header(map: MapType, name: &str, value: Option<&[u8]>) -> Result<(), Status> {
     count();
@@ -425,6 +443,46 @@ fn serialize_map(map: &[(&str, &[u8])]) -> Vec<u8> {
     b
 }
 
+/// Read the proxy-wasm header-map serialization ([`serialize_map`]'s
+/// format): the (name, value) pairs in order, borrowed from `b`. `None` if
+/// `b` is malformed (short, a length past the end, a missing NUL
+/// terminator, or bytes left over); never panics. An empty buffer is an
+/// empty map (what a host returns for a map with no headers).
+pub fn decode_map(b: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    if b.is_empty() {
+        return Some(Vec::new());
+    }
+    let u32_at = |at: usize| -> Option<usize> {
+        let a: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(a)).ok()
+    };
+    let n = u32_at(0)?;
+    // Each pair takes 8 bytes of lengths and 2 NULs at least.
+    if n > b.len() / 10 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(n);
+    let mut at = 4usize.checked_add(n.checked_mul(8)?)?;
+    for i in 0..n {
+        let lens = 4 + i * 8;
+        let (kl, vl) = (u32_at(lens)?, u32_at(lens + 4)?);
+        let k_end = at.checked_add(kl)?;
+        let k = b.get(at..k_end)?;
+        if b.get(k_end) != Some(&0) {
+            return None;
+        }
+        let v_at = k_end + 1;
+        let v_end = v_at.checked_add(vl)?;
+        let v = b.get(v_at..v_end)?;
+        if b.get(v_end) != Some(&0) {
+            return None;
+        }
+        at = v_end + 1;
+        out.push((k, v));
+    }
+    (at == b.len()).then_some(out)
+}
+
 /// Answer the request locally.
 pub fn send_response(
     code: u32,
@@ -464,6 +522,7 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -474,6 +533,56 @@ mod tests {
         want.extend_from_slice(b"a\0xy\0:s\0\0");
         assert_eq!(b, want);
         assert_eq!(serialize_map(&[]), vec![0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn header_maps_decode_what_serializes() {
+        let pairs: [(&str, &[u8]); 4] = [
+            (":path", b"/v1/chat/completions"),
+            ("content-type", b"application/json"),
+            ("x-empty", b""),
+            ("x-bin", b"\xff\x00\x01"),
+        ];
+        let b = serialize_map(&pairs);
+        let got = decode_map(&b).unwrap();
+        let want: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_bytes(), *v)).collect();
+        assert_eq!(got, want);
+        assert_eq!(decode_map(&serialize_map(&[])), Some(Vec::new()));
+        assert_eq!(decode_map(&[]), Some(Vec::new()));
+    }
+
+    #[test]
+    fn malformed_header_maps_are_none_not_panics() {
+        let b = serialize_map(&[("a", b"xy"), (":s", b"")]);
+        // Every truncation, and a byte too many.
+        for end in 1..b.len() {
+            assert_eq!(decode_map(&b[..end]), None, "cut at {end}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode_map(&long), None);
+        // A missing NUL terminator.
+        let mut bad = b.clone();
+        let last = bad.len() - 1;
+        bad[last] = b'z';
+        assert_eq!(decode_map(&bad), None);
+        // Counts and lengths near u32::MAX.
+        assert_eq!(decode_map(&[0xff, 0xff, 0xff, 0xff]), None);
+        let mut huge = b.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_map(&huge), None);
+        // Arbitrary bytes never panic.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..200 {
+            let mut v = Vec::with_capacity(len);
+            for _ in 0..len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.push((x % 7) as u8);
+            }
+            let _ = decode_map(&v);
+        }
     }
 
     #[test]
