@@ -36,7 +36,7 @@
 
 use crate::health::{HealthConfig, HealthState, Outcome};
 use crate::load::{Freshness, HostLoad, Report};
-use crate::store::{cas_update_from, decode_u64, SharedStore, Snapshot, StoreError};
+use crate::store::{cas_update, cas_update_from, decode_u64, SharedStore, Snapshot, StoreError};
 
 /// Bytes of an encoded [`HostRecord`].
 pub const RECORD_BYTES: usize = 65;
@@ -182,7 +182,7 @@ where
     S: SharedStore + ?Sized,
     F: FnMut(&mut HostRecord) -> T,
 {
-    update_from(store, address, None, f)
+    cas_update(store, &key(address), on_record(f))
 }
 
 /// [`update`] whose first attempt starts from the record as read earlier
@@ -191,13 +191,21 @@ pub fn update_from<S, T, F>(
     store: &S,
     address: &str,
     first: Option<Snapshot>,
-    mut f: F,
+    f: F,
 ) -> Result<T, StoreError>
 where
     S: SharedStore + ?Sized,
     F: FnMut(&mut HostRecord) -> T,
 {
-    cas_update_from(store, &key(address), first, |v| {
+    cas_update_from(store, &key(address), first, on_record(f))
+}
+
+/// A change of a decoded record as a change of the stored bytes (nothing
+/// to write when the record exists and `f` leaves it unchanged).
+fn on_record<T>(
+    mut f: impl FnMut(&mut HostRecord) -> T,
+) -> impl FnMut(Option<&[u8]>) -> (Option<[u8; RECORD_BYTES]>, T) {
+    move |v| {
         let cur = HostRecord::decode(v);
         let mut next = cur;
         let out = f(&mut next);
@@ -206,7 +214,7 @@ where
         } else {
             (Some(next.encode()), out)
         }
-    })
+    }
 }
 
 /// Add `delta` to a host's in-flight count (saturating at 0) and the same

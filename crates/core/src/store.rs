@@ -49,13 +49,27 @@ pub fn decode_u64(v: Option<&[u8]>) -> u64 {
 /// (`None` if absent) and returns the value to write (`None`: write
 /// nothing) and the result. A concurrent writer makes `f` run again on the
 /// newer value, so no update is lost.
-pub fn cas_update<S, T, B, F>(store: &S, key: &str, f: F) -> Result<T, StoreError>
+pub fn cas_update<S, T, B, F>(store: &S, key: &str, mut f: F) -> Result<T, StoreError>
 where
     S: SharedStore + ?Sized,
     B: AsRef<[u8]>,
     F: FnMut(Option<&[u8]>) -> (Option<B>, T),
 {
-    cas_update_from(store, key, None, f)
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(key)?;
+        let (write, out) = f(v.as_deref());
+        let Some(bytes) = write else {
+            return Ok(out);
+        };
+        match store.set(key, bytes.as_ref(), cas) {
+            Ok(()) => return Ok(out),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Other(
+        "compare-and-swap retries exhausted".into(),
+    ))
 }
 
 /// A value as read from a [`SharedStore`] with its CAS token, kept so
@@ -71,8 +85,8 @@ pub struct Snapshot {
 
 /// [`cas_update`] whose first attempt starts from `first`, a value read
 /// earlier (one `get` fewer): if the key changed since, the write's CAS
-/// fails and the loop reads it again as usual. A snapshot without a CAS
-/// token (an absent key) is not used, since a write without one cannot
+/// fails and [`cas_update`] reads it again as usual. A snapshot without a
+/// CAS token (an absent key) is not used, since a write without one cannot
 /// tell that another writer came first.
 pub fn cas_update_from<S, T, B, F>(
     store: &S,
@@ -85,25 +99,22 @@ where
     B: AsRef<[u8]>,
     F: FnMut(Option<&[u8]>) -> (Option<B>, T),
 {
-    let mut first = first.filter(|s| s.cas.is_some());
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = match first.take() {
-            Some(s) => (s.value, s.cas),
-            None => store.get(key)?,
-        };
-        let (write, out) = f(v.as_deref());
+    if let Some(Snapshot {
+        value,
+        cas: Some(cas),
+    }) = first
+    {
+        let (write, out) = f(value.as_deref());
         let Some(bytes) = write else {
             return Ok(out);
         };
-        match store.set(key, bytes.as_ref(), cas) {
+        match store.set(key, bytes.as_ref(), Some(cas)) {
             Ok(()) => return Ok(out),
-            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::CasMismatch) => {}
             Err(e) => return Err(e),
         }
     }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
+    cas_update(store, key, f)
 }
 
 /// Add `delta` to the u64 counter under `key` (saturating at 0) with a

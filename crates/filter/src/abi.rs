@@ -328,7 +328,7 @@ pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
 }
 
 /// Every header of a map in one call, as the host serialized them
-/// ([`decode_map`] reads them; `None`: no such map).
+/// ([`map_get`] reads them; `None`: no such map).
 pub fn header_pairs(map: MapType) -> Result<Option<Vec<u8>>, Status> {
     count();
     let mut data = std::ptr::null_mut();
@@ -443,44 +443,75 @@ fn serialize_map(map: &[(&str, &[u8])]) -> Vec<u8> {
     b
 }
 
-/// Read the proxy-wasm header-map serialization ([`serialize_map`]'s
-/// format): the (name, value) pairs in order, borrowed from `b`. `None` if
-/// `b` is malformed (short, a length past the end, a missing NUL
-/// terminator, or bytes left over); never panics. An empty buffer is an
-/// empty map (what a host returns for a map with no headers).
-pub fn decode_map(b: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
-    if b.is_empty() {
-        return Some(Vec::new());
-    }
+/// Walk the proxy-wasm header-map serialization ([`serialize_map`]'s
+/// format), calling `visit` with each (name, value) pair in order until it
+/// returns `true`. `false` if `b` is malformed (short, a length past the
+/// end, a missing NUL terminator, or bytes left over), checked in full
+/// before the first visit; never panics. An empty buffer is an empty map
+/// (what a host may return for a map with no headers).
+fn walk_map<'a>(b: &'a [u8], mut visit: impl FnMut(&'a [u8], &'a [u8]) -> bool) -> bool {
     let u32_at = |at: usize| -> Option<usize> {
         let a: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
         usize::try_from(u32::from_le_bytes(a)).ok()
     };
-    let n = u32_at(0)?;
-    // Each pair takes 8 bytes of lengths and 2 NULs at least.
-    if n > b.len() / 10 {
-        return None;
+    // Pass 0 checks the layout, pass 1 visits.
+    for pass in 0..2 {
+        if b.is_empty() {
+            return true;
+        }
+        let Some(n) = u32_at(0) else { return false };
+        // Each pair takes 8 bytes of lengths and 2 NULs at least.
+        if n > b.len() / 10 {
+            return false;
+        }
+        let mut at = 4 + n * 8;
+        for i in 0..n {
+            let lens = 4 + i * 8;
+            let pair = (|| {
+                let (kl, vl) = (u32_at(lens)?, u32_at(lens + 4)?);
+                let k_end = at.checked_add(kl)?;
+                let v_at = k_end.checked_add(1)?;
+                let v_end = v_at.checked_add(vl)?;
+                let (k, v) = (b.get(at..k_end)?, b.get(v_at..v_end)?);
+                (b.get(k_end) == Some(&0) && b.get(v_end) == Some(&0)).then_some((k, v, v_end + 1))
+            })();
+            let Some((k, v, next)) = pair else {
+                return false;
+            };
+            at = next;
+            if pass == 1 && visit(k, v) {
+                return true;
+            }
+        }
+        if at != b.len() {
+            return false;
+        }
     }
-    let mut out = Vec::with_capacity(n);
-    let mut at = 4usize.checked_add(n.checked_mul(8)?)?;
-    for i in 0..n {
-        let lens = 4 + i * 8;
-        let (kl, vl) = (u32_at(lens)?, u32_at(lens + 4)?);
-        let k_end = at.checked_add(kl)?;
-        let k = b.get(at..k_end)?;
-        if b.get(k_end) != Some(&0) {
-            return None;
+    true
+}
+
+/// Header `name`'s first value in a serialized map (names match without
+/// regard to ASCII case); `None`: the map is malformed ([`walk_map`]).
+pub fn map_get<'a>(b: &'a [u8], name: &str) -> Option<Option<&'a [u8]>> {
+    let mut found = None;
+    let ok = walk_map(b, |k, v| {
+        let hit = k.eq_ignore_ascii_case(name.as_bytes());
+        if hit {
+            found = Some(v);
         }
-        let v_at = k_end + 1;
-        let v_end = v_at.checked_add(vl)?;
-        let v = b.get(v_at..v_end)?;
-        if b.get(v_end) != Some(&0) {
-            return None;
-        }
-        at = v_end + 1;
+        hit
+    });
+    ok.then_some(found)
+}
+
+/// Every (name, value) pair of a serialized map; `None`: malformed.
+pub fn decode_map(b: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    let mut out = Vec::new();
+    walk_map(b, |k, v| {
         out.push((k, v));
-    }
-    (at == b.len()).then_some(out)
+        false
+    })
+    .then_some(out)
 }
 
 /// Answer the request locally.
@@ -549,6 +580,12 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(decode_map(&serialize_map(&[])), Some(Vec::new()));
         assert_eq!(decode_map(&[]), Some(Vec::new()));
+        // Lookups: the first value, names in any ASCII case.
+        let dup = serialize_map(&[("a", b"1"), ("B", b"2"), ("b", b"3")]);
+        assert_eq!(map_get(&dup, "b"), Some(Some(&b"2"[..])));
+        assert_eq!(map_get(&dup, "A"), Some(Some(&b"1"[..])));
+        assert_eq!(map_get(&dup, "c"), Some(None));
+        assert_eq!(map_get(&dup[..dup.len() - 1], "a"), None);
     }
 
     #[test]
@@ -582,6 +619,7 @@ mod tests {
                 v.push((x % 7) as u8);
             }
             let _ = decode_map(&v);
+            let _ = map_get(&v, "a");
         }
     }
 

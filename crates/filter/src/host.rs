@@ -38,8 +38,8 @@ pub fn request_header(name: &str) -> Result<Option<String>, Status> {
 /// The request headers, read with one host call
 /// ([`RequestHeaders::read`]), or header by header when that failed.
 pub struct RequestHeaders {
-    /// The host's serialization of every header ([`abi::decode_map`]
-    /// accepts it); `None`: ask the host for each header.
+    /// The host's serialization of every header (well-formed:
+    /// [`abi::map_get`] reads it); `None`: ask the host for each header.
     raw: Option<Vec<u8>>,
 }
 
@@ -48,7 +48,7 @@ impl RequestHeaders {
     /// malformed map; [`RequestHeaders::each`] still reads them.
     pub fn read() -> Result<RequestHeaders, Status> {
         match abi::header_pairs(MapType::HttpRequestHeaders)? {
-            Some(raw) if abi::decode_map(&raw).is_some() => Ok(RequestHeaders { raw: Some(raw) }),
+            Some(raw) if abi::map_get(&raw, "").is_some() => Ok(RequestHeaders { raw: Some(raw) }),
             Some(_) => Err(Status::ParseFailure),
             // No request header map: no headers.
             None => Ok(RequestHeaders {
@@ -65,25 +65,22 @@ impl RequestHeaders {
     /// A header's first value (lossy UTF-8; names match without regard to
     /// ASCII case, as the host's own lookup does).
     pub fn get(&self, name: &str) -> Result<Option<String>, Status> {
-        let Some(raw) = &self.raw else {
-            return request_header(name);
-        };
-        Ok(abi::decode_map(raw).and_then(|m| {
-            m.into_iter()
-                .find(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes()))
-                .map(|(_, v)| text(v.to_vec()))
-        }))
+        match self.find(name) {
+            Some(v) => Ok(v.map(|v| text(v.to_vec()))),
+            None => request_header(name),
+        }
     }
 
     /// Whether the request has header `name` (`None`: not known without a
     /// host call).
     pub fn has(&self, name: &str) -> Option<bool> {
-        let raw = self.raw.as_ref()?;
-        let m = abi::decode_map(raw)?;
-        Some(
-            m.iter()
-                .any(|(k, _)| k.eq_ignore_ascii_case(name.as_bytes())),
-        )
+        self.find(name).map(|v| v.is_some())
+    }
+
+    /// Header `name`'s first value from the one call's map (`None`: no
+    /// such map).
+    fn find(&self, name: &str) -> Option<Option<&[u8]>> {
+        abi::map_get(self.raw.as_deref()?, name)
     }
 }
 

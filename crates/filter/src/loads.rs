@@ -127,25 +127,17 @@ impl<'a> HostLoads<'a> {
     /// these.
     pub fn read_every_host(&self) {
         let n = self.st.router.config().hosts.len();
+        let first = self.read.borrow().is_empty();
         let mut all: Vec<HostLoad> = (0..n).map(|h| self.load(h)).collect();
         match self.st.trend.try_borrow_mut() {
             Ok(mut t) => self.st.router.track_recent(&mut t, &mut all, self.now),
             Err(_) => self.st.metrics.inc(self.st.metrics.host_errors, 1),
         }
-        // Every host was read once, in order, by `load` above: put the
-        // snapshots in the same order as `all`.
-        let mut snaps = vec![None; n];
-        {
-            let slot = self.slot.borrow();
-            let mut old = self.snaps.borrow_mut();
-            for (h, s) in snaps.iter_mut().enumerate() {
-                let i = slot.get(h).copied().unwrap_or(0).checked_sub(1);
-                if let Some(x) = i.and_then(|i| old.get_mut(i as usize)) {
-                    *s = x.take();
-                }
-            }
+        // The snapshots follow the order of the reads: host order only if
+        // nothing was read before (as when the decision starts here).
+        if !first {
+            self.snaps.borrow_mut().clear();
         }
-        *self.snaps.borrow_mut() = snaps;
         *self.slot.borrow_mut() = (1..=n).map(|i| u32::try_from(i).unwrap_or(0)).collect();
         *self.read.borrow_mut() = all;
         self.every.set(true);
