@@ -491,7 +491,8 @@ fn walk_map<'a>(b: &'a [u8], mut visit: impl FnMut(&'a [u8], &'a [u8]) -> bool) 
 }
 
 /// Header `name`'s first value in a serialized map (names match without
-/// regard to ASCII case); `None`: the map is malformed ([`walk_map`]).
+/// regard to ASCII case); `None`: the map is malformed (short, a length
+/// past the end, a missing NUL terminator, or bytes left over).
 pub fn map_get<'a>(b: &'a [u8], name: &str) -> Option<Option<&'a [u8]>> {
     let mut found = None;
     let ok = walk_map(b, |k, v| {

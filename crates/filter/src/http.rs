@@ -1,17 +1,22 @@
 //! Per-request state machine.
 //!
-//! 1. Request headers: strip any client-supplied destination header; let the
+//! 1. Request headers (all read with one host call): strip any
+//!    client-supplied destination header; let the
 //!    core classify the request (path, method, content type, length). Not
 //!    ours → continue untouched (counted fallback). Ours → ask the replica for
 //!    an ORCA load report and pause to buffer the body.
 //! 2. Request body: buffer until end of stream (or fall back once it exceeds
 //!    `max_body_bytes`), decide (the core reads the loads of the hosts it
 //!    looks at from shared data, [`crate::loads`]: one record per host),
-//!    set the destination header, count the request in flight, continue.
+//!    set the destination header, count the request in flight (written
+//!    with the compare-and-swap tokens of the decision's reads of the
+//!    host's record and the fleet record), continue.
 //! 3. Response headers: read the replica's load report (ORCA or plain
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
-//! 4. Log / done: the in-flight count is released exactly once; passive
+//! 4. Log / done: the in-flight count is released exactly once (at log in
+//!    the same update of the host's record as its passive-health outcome
+//!    when the host that served holds it); passive
 //!    health records the request's outcome at the host of its last try, and
 //!    (from the response headers on) a failure at the chosen host if Envoy
 //!    retried the request elsewhere ([`prefix_router_core::health::verdicts`]).
@@ -25,6 +30,12 @@
 //! actually served (2xx only) and releases the pending tokens (also
 //! released at log / done if no response headers came, exactly once).
 //! A host that passive health ejects has its index entries forgotten.
+//!
+//! Host calls are kept few: the clock is read at most once per callback,
+//! `upstream.address` once, the tries
+//! (`upstream.request_attempt_count`) only when another host served, the
+//! log level from the VM's cache ([`State::log_enabled`]), and
+//! `prefix_router.hostcalls.last` is set once per request.
 //!
 //! With `gossip.accept`, a POST to `gossip.path` is not routed: its body is
 //! buffered, recorded in the index ([`crate::gossip::apply`]) and answered

@@ -448,7 +448,12 @@ impl RootContext for Root {
                     others_at: std::cell::Cell::new(None),
                     log_level: std::cell::Cell::new(None),
                 });
-                crate::loads::refresh_others(&state, host::now_ms().unwrap_or(0));
+                let now = host::now_ms().unwrap_or(0);
+                // The log level as of now, so that requests find it known.
+                if let Ok(l) = crate::abi::log_level() {
+                    state.log_level.set(Some((l, now)));
+                }
+                crate::loads::refresh_others(&state, now);
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.
                 if let Some(old) = self.state.replace(state) {
