@@ -238,8 +238,7 @@ pub fn add_inflight_from<S: SharedStore + ?Sized>(
     host: Option<Snapshot>,
     fleet: Option<Snapshot>,
 ) -> Result<u64, StoreError> {
-    let (new, ()) = change_inflight(store, address, delta, host, fleet, |_| ())?;
-    Ok(new)
+    add_inflight_with(store, address, delta, host, fleet, &mut |_| {})
 }
 
 /// Release one in-flight request at a host and record a try's outcome
@@ -253,38 +252,37 @@ pub fn release_and_record_health<S: SharedStore + ?Sized>(
     now_ms: u64,
     cfg: &HealthConfig,
 ) -> Result<bool, StoreError> {
-    let (_, ejected) = change_inflight(store, address, -1, None, None, |r| {
-        let (next, ejected) = r.health.after(outcome, now_ms, cfg);
+    let mut ejected = false;
+    // The closure's last run is the one written.
+    add_inflight_with(store, address, -1, None, None, &mut |r| {
+        let (next, e) = r.health.after(outcome, now_ms, cfg);
         r.health = next;
-        ejected
+        ejected = e;
     })?;
     Ok(ejected)
 }
 
-/// Add `delta` to a host's in-flight count and let `also` change the rest
-/// of its record in the same compare-and-swap, then apply the count's
-/// change to the fleet's total.
-fn change_inflight<S, T, F>(
+/// [`add_inflight_from`] letting `also` change the rest of the host's
+/// record in the same compare-and-swap (e.g. the pending prefill tokens
+/// the request adds; it runs again on a retry); returns the host's new
+/// count.
+pub fn add_inflight_with<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
     delta: i64,
     host: Option<Snapshot>,
     fleet: Option<Snapshot>,
-    mut also: F,
-) -> Result<(u64, T), StoreError>
-where
-    S: SharedStore + ?Sized,
-    F: FnMut(&mut HostRecord) -> T,
-{
-    let (old, new, out) = update_from(store, address, host, |r| {
+    also: &mut dyn FnMut(&mut HostRecord),
+) -> Result<u64, StoreError> {
+    let (old, new) = update_from(store, address, host, |r| {
         let old = r.inflight;
         r.inflight = if delta >= 0 {
             old.saturating_add(delta.unsigned_abs())
         } else {
             old.saturating_sub(delta.unsigned_abs())
         };
-        let out = also(r);
-        (old, r.inflight, out)
+        also(r);
+        (old, r.inflight)
     })?;
     if new != old {
         let change = if new > old {
@@ -294,7 +292,7 @@ where
         };
         crate::store::add_counter_from(store, FLEET_KEY, change, fleet)?;
     }
-    Ok((new, out))
+    Ok(new)
 }
 
 /// The fleet's total in-flight count ([`FLEET_KEY`]; 0 if absent).
@@ -375,6 +373,21 @@ pub fn record_report<S: SharedStore + ?Sized>(
     running: f64,
     at_ms: u64,
 ) -> Result<(), StoreError> {
+    record_report_releasing(store, address, queue, running, at_ms, 0)
+}
+
+/// [`record_report`] that also takes `pending` tokens off the host's
+/// pending prefill tokens (saturating at 0), in the same update: a request
+/// that held them is answered.
+pub fn record_report_releasing<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    queue: f64,
+    running: f64,
+    at_ms: u64,
+    pending: u64,
+) -> Result<(), StoreError> {
+    let take = pending.min(i64::MAX as u64);
     update(store, address, |r| {
         r.report = Some(Report {
             queue,
@@ -382,6 +395,7 @@ pub fn record_report<S: SharedStore + ?Sized>(
             own: r.inflight,
             at_ms,
         });
+        r.pending_tokens = r.pending_tokens.saturating_sub(take);
     })
 }
 
@@ -514,6 +528,17 @@ mod tests {
             assert_eq!(read(&s, "a").unwrap(), read(&t, "a").unwrap());
             assert_eq!(read_fleet_inflight(&s), read_fleet_inflight(&t));
         }
+        // The pending tokens ride with the in-flight add and the report.
+        let (_, snap) = read_snapshot(&s, "p").unwrap();
+        add_inflight_with(&s, "p", 1, Some(snap), None, &mut |r| {
+            r.pending_tokens += 40
+        })
+        .unwrap();
+        record_report_releasing(&s, "p", 2.0, 1.0, 5, 40).unwrap();
+        let p = read(&s, "p").unwrap();
+        assert_eq!((p.inflight, p.pending_tokens), (1, 0));
+        assert_eq!(p.report.map(|r| (r.own, r.at_ms)), Some((1, 5)));
+        add_inflight(&s, "p", -1).unwrap();
         // At 0 it saturates and leaves the fleet's total alone.
         assert!(!release_and_record_health(&s, "a", OK, 9, &CFG).unwrap());
         assert_eq!(read(&s, "a").unwrap().inflight, 0);

@@ -315,20 +315,43 @@ impl Http {
             self.host_error("setting the destination header", e);
             return Err(FallbackCause::HostError);
         }
+        // The index rule with `queue = tokens`: the prefill this request
+        // adds at the host (its prompt minus what the index credited the
+        // host with), counted in the same update as the in-flight count.
+        let tokens_mode = cfg.cost.params.queue == QueueMode::Tokens;
+        let uncached = if cfg.cost.enabled {
+            params.pending_tokens(self.prompt_bytes, cached)
+        } else {
+            0
+        };
+        let pending = if cfg.cost.enabled && tokens_mode {
+            uncached
+        } else {
+            0
+        };
         // From the decision's reads of the host's record and the fleet
         // record: written with their CAS tokens, re-read only if they changed.
         let (host_snap, fleet_snap) = (loads.take_snapshot(idx), loads.take_fleet_snapshot());
-        match host_state::add_inflight_from(&SharedData, &h.address, 1, host_snap, fleet_snap) {
-            Ok(_) => self.inflight = Some(h.address.clone()),
+        let add = pending.min(i64::MAX as u64);
+        match host_state::add_inflight_with(
+            &SharedData,
+            &h.address,
+            1,
+            host_snap,
+            fleet_snap,
+            &mut |r| r.pending_tokens = r.pending_tokens.saturating_add(add),
+        ) {
+            Ok(_) => {
+                self.inflight = Some(h.address.clone());
+                if pending > 0 {
+                    self.pending = Some((h.address.clone(), pending));
+                }
+            }
             Err(e) => self.host_error("counting in-flight", e),
         }
         if !cfg.cost.enabled {
             return Ok(());
         }
-        let tokens_mode = cfg.cost.params.queue == QueueMode::Tokens;
-        // The prefill this request adds at the host: its prompt minus what
-        // the index credited the host with.
-        let uncached = params.pending_tokens(self.prompt_bytes, cached);
         // What the index believes the host holds of this prompt, to compare
         // with the replicas' own prefix-cache hit counters.
         let credited = params.pending_tokens(cached, 0);
@@ -343,13 +366,6 @@ impl Http {
                 ahead = ahead.saturating_add(l.inflight);
             }
             self.learn = Some((idx, uncached, now, ahead));
-        }
-        if tokens_mode && uncached > 0 {
-            let delta = i64::try_from(uncached).unwrap_or(i64::MAX);
-            match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
-                Ok(_) => self.pending = Some((h.address.clone(), uncached)),
-                Err(e) => self.host_error("counting pending prefill tokens", e),
-            }
         }
         Ok(())
     }
@@ -436,10 +452,22 @@ impl Http {
         }
         let Some(q) = queue else { return };
         let Some(at_ms) = self.now() else { return };
+        // The pending prefill tokens this request holds there are released
+        // in the same update.
+        let release = match &self.pending {
+            Some((a, t)) if *a == served => *t,
+            _ => 0,
+        };
         // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
-        match host_state::record_report(&SharedData, &served, q, running, at_ms) {
-            Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
+        match host_state::record_report_releasing(&SharedData, &served, q, running, at_ms, release)
+        {
+            Ok(()) => {
+                if release > 0 {
+                    self.pending = None;
+                }
+                self.st.metrics.inc(self.st.metrics.load_reports, 1)
+            }
             Err(e) => self.host_error("storing a load report", e),
         }
     }
@@ -872,10 +900,12 @@ impl Http {
     }
 
     fn response_headers(&mut self) -> Action {
-        self.release_pending();
         self.record_health(false);
         self.learn_prefill();
+        // Releases the pending prefill tokens with the report when the
+        // host that served holds them; `release_pending` does any other.
         self.read_report();
+        self.release_pending();
         self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
             let mut v = d.describe(self.st.router.config());
