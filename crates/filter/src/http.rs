@@ -26,8 +26,10 @@
 //! ([`prefix_router_core::shared_index`]) and, with `queue = tokens`,
 //! the candidates' pending prefill tokens (this request's uncached prompt
 //! tokens, its prompt minus the prefix the index credited the chosen host
-//! with, are added to that host's); step 3 records the chain under the host that
-//! actually served (2xx only) and releases the pending tokens (also
+//! with, are added to that host's, in the same update as its in-flight
+//! count); step 3 records the chain under the host that
+//! actually served (2xx only) and releases the pending tokens (in the same
+//! update as the load report when that host reported; also
 //! released at log / done if no response headers came, exactly once).
 //! A host that passive health ejects has its index entries forgotten.
 //!
