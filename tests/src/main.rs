@@ -5,7 +5,7 @@
 //! prefix-router-lab demo [--conversations N] [--turns N] [--concurrency N] [--time-scale X]
 //!                        [--cache-tokens N] [--seed N] ...
 //! prefix-router-lab overhead [--rounds N] [--per-round N] [--sizes B1,B2,..] [--skip-latency]
-//!                           [--cpu-rounds N] [--cpu-seconds S] [--cpu-connections N]
+//!                           [--latency-compare-wasm WASM] [--cpu-rounds N] [--cpu-seconds S] [--cpu-connections N]
 //!                           [--cpu-compare-wasm WASM]
 //!                           [--hostcalls-hosts N1,N2,..] [--hostcalls-patch JSON]
 //! prefix-router-lab spike [--old N] [--new N] [--doc-bytes B] [--loopers N]
@@ -323,6 +323,10 @@ struct OverheadArgs {
     /// Skip the latency part (the table of added latency per body size)
     #[arg(long)]
     skip_latency: bool,
+    /// Latency part: also measure the default config with this build of the filter (its own
+    /// table, same run)
+    #[arg(long, value_name = "WASM")]
+    latency_compare_wasm: Option<std::path::PathBuf>,
 }
 
 /// `prefix-router-lab spike` options.
@@ -574,6 +578,7 @@ fn overhead(args: &OverheadArgs) -> Result<(), String> {
     let mut opts = OverheadOptions {
         rounds: args.rounds,
         per_round: args.per_round,
+        compare_wasm: args.latency_compare_wasm.clone(),
         ..OverheadOptions::default()
     };
     if !args.sizes.is_empty() {

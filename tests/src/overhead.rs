@@ -9,7 +9,9 @@
 //!   (what any body-based router pays before its own work),
 //! - `prefix-router-ring`: envoy.yaml with `cost.mode: off`,
 //! - `prefix-router`: envoy.yaml as committed (the default rule),
-//! - `prefix-router-index-all`: `cost.mode: index`, every boundary indexed.
+//! - `prefix-router-index-all`: `cost.mode: index`, every boundary indexed;
+//! - with `--latency-compare-wasm`, a seventh: `prefix-router` with another
+//!   build of the filter (e.g. main's), in its own table below the first.
 //!
 //! One client thread, keep-alive, sends the same sequence of chat bodies to
 //! each, in interleaved rounds (A, B, C, A, B, C …) so that machine noise hits
@@ -36,6 +38,8 @@ pub struct OverheadOptions {
     pub rounds: usize,
     /// Approximate body sizes to measure (bytes).
     pub sizes: Vec<usize>,
+    /// Also measure the default config with this build of the filter.
+    pub compare_wasm: Option<std::path::PathBuf>,
 }
 
 impl Default for OverheadOptions {
@@ -44,6 +48,7 @@ impl Default for OverheadOptions {
             per_round: 200,
             rounds: 5,
             sizes: vec![1_000, 16_000, 128_000],
+            compare_wasm: None,
         }
     }
 }
@@ -144,7 +149,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         ..BackendOptions::default()
     };
     let testbed = paths::testbed_wasm().map_err(|e| e.to_string())?;
-    let configs: Vec<(&str, EnvoyOptions)> = vec![
+    let mut configs: Vec<(&str, EnvoyOptions)> = vec![
         (
             "no-filter",
             EnvoyOptions {
@@ -210,6 +215,18 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             },
         ),
     ];
+    if let Some(w) = &opts.compare_wasm {
+        configs.push((
+            "prefix-router-compare",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                wasm: Some(w.clone()),
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ));
+    }
     let mut labs = Vec::new();
     for (name, e) in &configs {
         let lab = Lab::start(&LabOptions {
@@ -247,6 +264,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
     ));
     out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router-ring p50 / p90 | prefix-router (default) p50 / p90 | prefix-router-index-all p50 / p90 | default - noop (p50) | ring - noop (p50) | ring - buffer (p50) | index-all - ring (p50) | noop - no-filter (p50) |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut compared = String::new();
     for &size in &opts.sizes {
         let bodies: Vec<String> = (0..opts.per_round).map(|i| body(size, i)).collect();
         let actual = bodies.first().map(|b| b.len()).unwrap_or(0);
@@ -298,8 +316,30 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             p50[5] - p50[3],
             p50[1] - p50[0]
         ));
+        if let (Some(c50), Some(c90)) = (p50.get(6), p90.get(6)) {
+            compared.push_str(&format!(
+                "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
+                actual as f64 / 1000.0,
+                p50[4],
+                p90[4],
+                c50,
+                c90,
+                p50[4] - p50[1],
+                c50 - p50[1],
+                p50[4] - c50
+            ));
+        }
     }
     pb.finish_and_clear();
+    if let Some(w) = &opts.compare_wasm {
+        out.push_str(&format!(
+            "\nThe default config with this build and with {} (`compare`), same run:\n\n",
+            w.display()
+        ));
+        out.push_str("| body | default p50 / p90 | compare p50 / p90 | default - noop (p50) | compare - noop (p50) | default - compare (p50) |\n");
+        out.push_str("|---|---|---|---|---|---|\n");
+        out.push_str(&compared);
+    }
     Ok(out)
 }
 

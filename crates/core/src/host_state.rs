@@ -36,7 +36,7 @@
 
 use crate::health::{HealthConfig, HealthState, Outcome};
 use crate::load::{Freshness, HostLoad, Report};
-use crate::store::{cas_update, decode_u64, SharedStore, StoreError};
+use crate::store::{cas_update, cas_update_from, decode_u64, SharedStore, Snapshot, StoreError};
 
 /// Bytes of an encoded [`HostRecord`].
 pub const RECORD_BYTES: usize = 65;
@@ -163,15 +163,49 @@ pub fn read<S: SharedStore + ?Sized>(store: &S, address: &str) -> Result<HostRec
     Ok(HostRecord::decode(v.as_deref()))
 }
 
+/// Read one host's record and keep what was read ([`Snapshot`]), so that
+/// an update of the same record can start from it ([`update_from`]).
+pub fn read_snapshot<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+) -> Result<(HostRecord, Snapshot), StoreError> {
+    let (value, cas) = store.get(&key(address))?;
+    let r = HostRecord::decode(value.as_deref());
+    Ok((r, Snapshot { value, cas }))
+}
+
 /// Read-modify-write one host's record with a bounded compare-and-swap
 /// loop: `f` changes the record and returns the result; a record `f`
 /// leaves unchanged (and that exists) is not written.
-pub fn update<S, T, F>(store: &S, address: &str, mut f: F) -> Result<T, StoreError>
+pub fn update<S, T, F>(store: &S, address: &str, f: F) -> Result<T, StoreError>
 where
     S: SharedStore + ?Sized,
     F: FnMut(&mut HostRecord) -> T,
 {
-    cas_update(store, &key(address), |v| {
+    cas_update(store, &key(address), on_record(f))
+}
+
+/// [`update`] whose first attempt starts from the record as read earlier
+/// ([`read_snapshot`]; re-read only if it changed since).
+pub fn update_from<S, T, F>(
+    store: &S,
+    address: &str,
+    first: Option<Snapshot>,
+    f: F,
+) -> Result<T, StoreError>
+where
+    S: SharedStore + ?Sized,
+    F: FnMut(&mut HostRecord) -> T,
+{
+    cas_update_from(store, &key(address), first, on_record(f))
+}
+
+/// A change of a decoded record as a change of the stored bytes (nothing
+/// to write when the record exists and `f` leaves it unchanged).
+fn on_record<T>(
+    mut f: impl FnMut(&mut HostRecord) -> T,
+) -> impl FnMut(Option<&[u8]>) -> (Option<[u8; RECORD_BYTES]>, T) {
+    move |v| {
         let cur = HostRecord::decode(v);
         let mut next = cur;
         let out = f(&mut next);
@@ -180,7 +214,7 @@ where
         } else {
             (Some(next.encode()), out)
         }
-    })
+    }
 }
 
 /// Add `delta` to a host's in-flight count (saturating at 0) and the same
@@ -191,13 +225,63 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
     address: &str,
     delta: i64,
 ) -> Result<u64, StoreError> {
-    let (old, new) = update(store, address, |r| {
+    add_inflight_from(store, address, delta, None, None)
+}
+
+/// [`add_inflight`] starting from the host's record and the fleet record
+/// as read earlier ([`read_snapshot`], [`read_fleet_snapshot`]): no read
+/// of either unless it changed since.
+pub fn add_inflight_from<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    delta: i64,
+    host: Option<Snapshot>,
+    fleet: Option<Snapshot>,
+) -> Result<u64, StoreError> {
+    add_inflight_with(store, address, delta, host, fleet, &mut |_| {})
+}
+
+/// Release one in-flight request at a host and record a try's outcome
+/// there ([`HealthState::after`]) in one read-modify-write of its record
+/// (then the fleet's total, as [`add_inflight`]); returns whether it
+/// ejected the host.
+pub fn release_and_record_health<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    outcome: Outcome,
+    now_ms: u64,
+    cfg: &HealthConfig,
+) -> Result<bool, StoreError> {
+    let mut ejected = false;
+    // The closure's last run is the one written.
+    add_inflight_with(store, address, -1, None, None, &mut |r| {
+        let (next, e) = r.health.after(outcome, now_ms, cfg);
+        r.health = next;
+        ejected = e;
+    })?;
+    Ok(ejected)
+}
+
+/// [`add_inflight_from`] letting `also` change the rest of the host's
+/// record in the same compare-and-swap (e.g. the pending prefill tokens
+/// the request adds; it runs again on a retry); returns the host's new
+/// count.
+pub fn add_inflight_with<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    delta: i64,
+    host: Option<Snapshot>,
+    fleet: Option<Snapshot>,
+    also: &mut dyn FnMut(&mut HostRecord),
+) -> Result<u64, StoreError> {
+    let (old, new) = update_from(store, address, host, |r| {
         let old = r.inflight;
         r.inflight = if delta >= 0 {
             old.saturating_add(delta.unsigned_abs())
         } else {
             old.saturating_sub(delta.unsigned_abs())
         };
+        also(r);
         (old, r.inflight)
     })?;
     if new != old {
@@ -206,15 +290,23 @@ pub fn add_inflight<S: SharedStore + ?Sized>(
         } else {
             i64::try_from(old - new).map_or(i64::MIN, |d| -d)
         };
-        crate::store::add_counter(store, FLEET_KEY, change)?;
+        crate::store::add_counter_from(store, FLEET_KEY, change, fleet)?;
     }
     Ok(new)
 }
 
 /// The fleet's total in-flight count ([`FLEET_KEY`]; 0 if absent).
 pub fn read_fleet_inflight<S: SharedStore + ?Sized>(store: &S) -> Result<u64, StoreError> {
-    let (v, _) = store.get(FLEET_KEY)?;
-    Ok(decode_u64(v.as_deref()))
+    Ok(read_fleet_snapshot(store)?.0)
+}
+
+/// [`read_fleet_inflight`], keeping what was read for a later
+/// [`add_inflight_from`].
+pub fn read_fleet_snapshot<S: SharedStore + ?Sized>(
+    store: &S,
+) -> Result<(u64, Snapshot), StoreError> {
+    let (value, cas) = store.get(FLEET_KEY)?;
+    Ok((decode_u64(value.as_deref()), Snapshot { value, cas }))
 }
 
 /// The reported part of the fleet's load at `now_ms`: the sum over
@@ -281,6 +373,21 @@ pub fn record_report<S: SharedStore + ?Sized>(
     running: f64,
     at_ms: u64,
 ) -> Result<(), StoreError> {
+    record_report_releasing(store, address, queue, running, at_ms, 0)
+}
+
+/// [`record_report`] that also takes `pending` tokens off the host's
+/// pending prefill tokens (saturating at 0), in the same update: a request
+/// that held them is answered.
+pub fn record_report_releasing<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    queue: f64,
+    running: f64,
+    at_ms: u64,
+    pending: u64,
+) -> Result<(), StoreError> {
+    let take = pending.min(i64::MAX as u64);
     update(store, address, |r| {
         r.report = Some(Report {
             queue,
@@ -288,6 +395,7 @@ pub fn record_report<S: SharedStore + ?Sized>(
             own: r.inflight,
             at_ms,
         });
+        r.pending_tokens = r.pending_tokens.saturating_sub(take);
     })
 }
 
@@ -387,6 +495,54 @@ mod tests {
                 ..HostRecord::default()
             }
         );
+    }
+
+    #[test]
+    fn snapshots_and_the_combined_release_keep_every_count() {
+        let s = MemStore::default();
+        add_inflight(&s, "a", 1).unwrap();
+        add_inflight(&s, "b", 1).unwrap();
+        // A decision's reads feed the in-flight add.
+        let (r, host) = read_snapshot(&s, "a").unwrap();
+        let (total, fleet) = read_fleet_snapshot(&s).unwrap();
+        assert_eq!((r.inflight, total), (1, 2));
+        assert_eq!(
+            add_inflight_from(&s, "a", 1, Some(host.clone()), Some(fleet.clone())),
+            Ok(2)
+        );
+        // Stale snapshots (both records changed since): re-read, nothing lost.
+        assert_eq!(
+            add_inflight_from(&s, "a", 1, Some(host), Some(fleet)),
+            Ok(3)
+        );
+        assert_eq!(read_fleet_inflight(&s), Ok(4));
+        // Release and health in one update: the same state as one after the other.
+        let t = MemStore::default();
+        add_inflight(&t, "a", 3).unwrap();
+        add_inflight(&t, "b", 1).unwrap();
+        for at in 0..3 {
+            let ejected = release_and_record_health(&s, "a", F, at, &CFG).unwrap();
+            add_inflight(&t, "a", -1).unwrap();
+            assert_eq!(record_health(&t, "a", F, at, &CFG).unwrap(), ejected);
+            assert_eq!(ejected, at == 2);
+            assert_eq!(read(&s, "a").unwrap(), read(&t, "a").unwrap());
+            assert_eq!(read_fleet_inflight(&s), read_fleet_inflight(&t));
+        }
+        // The pending tokens ride with the in-flight add and the report.
+        let (_, snap) = read_snapshot(&s, "p").unwrap();
+        add_inflight_with(&s, "p", 1, Some(snap), None, &mut |r| {
+            r.pending_tokens += 40
+        })
+        .unwrap();
+        record_report_releasing(&s, "p", 2.0, 1.0, 5, 40).unwrap();
+        let p = read(&s, "p").unwrap();
+        assert_eq!((p.inflight, p.pending_tokens), (1, 0));
+        assert_eq!(p.report.map(|r| (r.own, r.at_ms)), Some((1, 5)));
+        add_inflight(&s, "p", -1).unwrap();
+        // At 0 it saturates and leaves the fleet's total alone.
+        assert!(!release_and_record_health(&s, "a", OK, 9, &CFG).unwrap());
+        assert_eq!(read(&s, "a").unwrap().inflight, 0);
+        assert_eq!(read_fleet_inflight(&s), Ok(1));
     }
 
     #[test]

@@ -72,6 +72,51 @@ where
     ))
 }
 
+/// A value as read from a [`SharedStore`] with its CAS token, kept so
+/// that a later [`cas_update_from`] of the same key can start from it
+/// instead of reading it again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    /// The value (`None`: absent).
+    pub value: Option<Vec<u8>>,
+    /// Its CAS token.
+    pub cas: Option<u32>,
+}
+
+/// [`cas_update`] whose first attempt starts from `first`, a value read
+/// earlier (one `get` fewer): if the key changed since, the write's CAS
+/// fails and [`cas_update`] reads it again as usual. A snapshot without a
+/// CAS token (an absent key) is not used, since a write without one cannot
+/// tell that another writer came first.
+pub fn cas_update_from<S, T, B, F>(
+    store: &S,
+    key: &str,
+    first: Option<Snapshot>,
+    mut f: F,
+) -> Result<T, StoreError>
+where
+    S: SharedStore + ?Sized,
+    B: AsRef<[u8]>,
+    F: FnMut(Option<&[u8]>) -> (Option<B>, T),
+{
+    if let Some(Snapshot {
+        value,
+        cas: Some(cas),
+    }) = first
+    {
+        let (write, out) = f(value.as_deref());
+        let Some(bytes) = write else {
+            return Ok(out);
+        };
+        match store.set(key, bytes.as_ref(), Some(cas)) {
+            Ok(()) => return Ok(out),
+            Err(StoreError::CasMismatch) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    cas_update(store, key, f)
+}
+
 /// Add `delta` to the u64 counter under `key` (saturating at 0) with a
 /// bounded compare-and-swap loop; returns the new value.
 pub fn add_counter<S: SharedStore + ?Sized>(
@@ -79,7 +124,17 @@ pub fn add_counter<S: SharedStore + ?Sized>(
     key: &str,
     delta: i64,
 ) -> Result<u64, StoreError> {
-    cas_update(store, key, |v| {
+    add_counter_from(store, key, delta, None)
+}
+
+/// [`add_counter`] starting from a value read earlier ([`cas_update_from`]).
+pub fn add_counter_from<S: SharedStore + ?Sized>(
+    store: &S,
+    key: &str,
+    delta: i64,
+    first: Option<Snapshot>,
+) -> Result<u64, StoreError> {
+    cas_update_from(store, key, first, |v| {
         let cur = decode_u64(v);
         let new = if delta >= 0 {
             cur.saturating_add(delta.unsigned_abs())
@@ -148,6 +203,47 @@ mod tests {
         // `f` returning no value writes nothing.
         assert_eq!(cas_update(&s, "k", |_| (None::<Vec<u8>>, 7)), Ok(7));
         assert_eq!(s.get("k").unwrap().0.as_deref(), Some(&b"x"[..]));
+    }
+
+    /// A store that counts its calls.
+    #[derive(Default)]
+    struct Counting {
+        inner: MemStore,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+    impl SharedStore for Counting {
+        fn get(&self, k: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.get(k)
+        }
+        fn set(&self, k: &str, v: &[u8], c: Option<u32>) -> Result<(), StoreError> {
+            self.inner.set(k, v, c)
+        }
+    }
+
+    #[test]
+    fn updates_start_from_a_snapshot_and_reread_when_it_is_stale() {
+        use std::sync::atomic::Ordering;
+        let s = Counting::default();
+        let add = |first: Option<Snapshot>| {
+            cas_update_from(&s, "k", first, |v| {
+                let n = decode_u64(v) + 1;
+                (Some(n.to_le_bytes()), n)
+            })
+        };
+        // An absent key: a snapshot without CAS is not trusted.
+        assert_eq!(add(Some(Snapshot::default())), Ok(1));
+        assert_eq!(s.gets.load(Ordering::SeqCst), 1);
+        // A current snapshot: no read.
+        let (value, cas) = s.inner.get("k").unwrap();
+        let snap = Snapshot { value, cas };
+        assert_eq!(add(Some(snap.clone())), Ok(2));
+        assert_eq!(s.gets.load(Ordering::SeqCst), 1);
+        // The same snapshot again is stale: its write fails and the loop
+        // reads the current value, losing no update.
+        assert_eq!(add(Some(snap)), Ok(3));
+        assert_eq!(s.gets.load(Ordering::SeqCst), 2);
+        assert_eq!(decode_u64(s.inner.get("k").unwrap().0.as_deref()), 3);
     }
 
     /// A store whose first CAS attempts fail, as when another worker wins.

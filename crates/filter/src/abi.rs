@@ -72,6 +72,7 @@ extern "C" {
         data: *mut *mut u8,
         size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(map_type: u32, data: *mut *mut u8, size: *mut usize) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
         key: *const u8,
@@ -161,6 +162,9 @@ mod native {
         _: *mut *mut u8,
         _: *mut usize,
     ) -> u32 {
+        10
+    }
+    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
         10
     }
     pub unsafe fn proxy_replace_header_map_value(
@@ -323,6 +327,20 @@ pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
     }
 }
 
+/// Every header of a map in one call, as the host serialized them
+/// ([`map_get`] reads them; `None`: no such map).
+pub fn header_pairs(map: MapType) -> Result<Option<Vec<u8>>, Status> {
+    count();
+    let mut data = std::ptr::null_mut();
+    let mut size = 0usize;
+    // SAFETY: valid out-pointers; the result is owned as documented above.
+    match unsafe { proxy_get_header_map_pairs(map as u32, &mut data, &mut size) } {
+        OK => Ok(Some(unsafe { owned(data, size) }.unwrap_or_default())),
+        NOT_FOUND => Ok(None),
+        n => Err(status(n)),
+    }
+}
+
 /// Replace a header, or remove it with `None`.
 pub fn set_header(map: MapType, name: &str, value: Option<&[u8]>) -> Result<(), Status> {
     count();
@@ -425,6 +443,78 @@ fn serialize_map(map: &[(&str, &[u8])]) -> Vec<u8> {
     b
 }
 
+/// Walk the proxy-wasm header-map serialization ([`serialize_map`]'s
+/// format), calling `visit` with each (name, value) pair in order until it
+/// returns `true`. `false` if `b` is malformed (short, a length past the
+/// end, a missing NUL terminator, or bytes left over), checked in full
+/// before the first visit; never panics. An empty buffer is an empty map
+/// (what a host may return for a map with no headers).
+fn walk_map<'a>(b: &'a [u8], mut visit: impl FnMut(&'a [u8], &'a [u8]) -> bool) -> bool {
+    let u32_at = |at: usize| -> Option<usize> {
+        let a: [u8; 4] = b.get(at..at.checked_add(4)?)?.try_into().ok()?;
+        usize::try_from(u32::from_le_bytes(a)).ok()
+    };
+    // Pass 0 checks the layout, pass 1 visits.
+    for pass in 0..2 {
+        if b.is_empty() {
+            return true;
+        }
+        let Some(n) = u32_at(0) else { return false };
+        // Each pair takes 8 bytes of lengths and 2 NULs at least.
+        if n > b.len() / 10 {
+            return false;
+        }
+        let mut at = 4 + n * 8;
+        for i in 0..n {
+            let lens = 4 + i * 8;
+            let pair = (|| {
+                let (kl, vl) = (u32_at(lens)?, u32_at(lens + 4)?);
+                let k_end = at.checked_add(kl)?;
+                let v_at = k_end.checked_add(1)?;
+                let v_end = v_at.checked_add(vl)?;
+                let (k, v) = (b.get(at..k_end)?, b.get(v_at..v_end)?);
+                (b.get(k_end) == Some(&0) && b.get(v_end) == Some(&0)).then_some((k, v, v_end + 1))
+            })();
+            let Some((k, v, next)) = pair else {
+                return false;
+            };
+            at = next;
+            if pass == 1 && visit(k, v) {
+                return true;
+            }
+        }
+        if at != b.len() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Header `name`'s first value in a serialized map (names match without
+/// regard to ASCII case); `None`: the map is malformed (short, a length
+/// past the end, a missing NUL terminator, or bytes left over).
+pub fn map_get<'a>(b: &'a [u8], name: &str) -> Option<Option<&'a [u8]>> {
+    let mut found = None;
+    let ok = walk_map(b, |k, v| {
+        let hit = k.eq_ignore_ascii_case(name.as_bytes());
+        if hit {
+            found = Some(v);
+        }
+        hit
+    });
+    ok.then_some(found)
+}
+
+/// Every (name, value) pair of a serialized map; `None`: malformed.
+pub fn decode_map(b: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    let mut out = Vec::new();
+    walk_map(b, |k, v| {
+        out.push((k, v));
+        false
+    })
+    .then_some(out)
+}
+
 /// Answer the request locally.
 pub fn send_response(
     code: u32,
@@ -464,6 +554,7 @@ pub fn record_metric(id: u32, value: u64) -> Result<(), Status> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 
@@ -474,6 +565,63 @@ mod tests {
         want.extend_from_slice(b"a\0xy\0:s\0\0");
         assert_eq!(b, want);
         assert_eq!(serialize_map(&[]), vec![0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn header_maps_decode_what_serializes() {
+        let pairs: [(&str, &[u8]); 4] = [
+            (":path", b"/v1/chat/completions"),
+            ("content-type", b"application/json"),
+            ("x-empty", b""),
+            ("x-bin", b"\xff\x00\x01"),
+        ];
+        let b = serialize_map(&pairs);
+        let got = decode_map(&b).unwrap();
+        let want: Vec<(&[u8], &[u8])> = pairs.iter().map(|(k, v)| (k.as_bytes(), *v)).collect();
+        assert_eq!(got, want);
+        assert_eq!(decode_map(&serialize_map(&[])), Some(Vec::new()));
+        assert_eq!(decode_map(&[]), Some(Vec::new()));
+        // Lookups: the first value, names in any ASCII case.
+        let dup = serialize_map(&[("a", b"1"), ("B", b"2"), ("b", b"3")]);
+        assert_eq!(map_get(&dup, "b"), Some(Some(&b"2"[..])));
+        assert_eq!(map_get(&dup, "A"), Some(Some(&b"1"[..])));
+        assert_eq!(map_get(&dup, "c"), Some(None));
+        assert_eq!(map_get(&dup[..dup.len() - 1], "a"), None);
+    }
+
+    #[test]
+    fn malformed_header_maps_are_none_not_panics() {
+        let b = serialize_map(&[("a", b"xy"), (":s", b"")]);
+        // Every truncation, and a byte too many.
+        for end in 1..b.len() {
+            assert_eq!(decode_map(&b[..end]), None, "cut at {end}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert_eq!(decode_map(&long), None);
+        // A missing NUL terminator.
+        let mut bad = b.clone();
+        let last = bad.len() - 1;
+        bad[last] = b'z';
+        assert_eq!(decode_map(&bad), None);
+        // Counts and lengths near u32::MAX.
+        assert_eq!(decode_map(&[0xff, 0xff, 0xff, 0xff]), None);
+        let mut huge = b.clone();
+        huge[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert_eq!(decode_map(&huge), None);
+        // Arbitrary bytes never panic.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for len in 0..200 {
+            let mut v = Vec::with_capacity(len);
+            for _ in 0..len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                v.push((x % 7) as u8);
+            }
+            let _ = decode_map(&v);
+            let _ = map_get(&v, "a");
+        }
     }
 
     #[test]

@@ -35,6 +35,55 @@ pub fn request_header(name: &str) -> Result<Option<String>, Status> {
     Ok(abi::header(MapType::HttpRequestHeaders, name)?.map(text))
 }
 
+/// The request headers, read with one host call
+/// ([`RequestHeaders::read`]), or header by header when that failed.
+pub struct RequestHeaders {
+    /// The host's serialization of every header (well-formed:
+    /// [`abi::map_get`] reads it); `None`: ask the host for each header.
+    raw: Option<Vec<u8>>,
+}
+
+impl RequestHeaders {
+    /// Every request header in one call. `Err`: the call failed or gave a
+    /// malformed map; [`RequestHeaders::each`] still reads them.
+    pub fn read() -> Result<RequestHeaders, Status> {
+        match abi::header_pairs(MapType::HttpRequestHeaders)? {
+            Some(raw) if abi::map_get(&raw, "").is_some() => Ok(RequestHeaders { raw: Some(raw) }),
+            Some(_) => Err(Status::ParseFailure),
+            // No request header map: no headers.
+            None => Ok(RequestHeaders {
+                raw: Some(Vec::new()),
+            }),
+        }
+    }
+
+    /// Headers read one host call each, as they are asked for.
+    pub fn each() -> RequestHeaders {
+        RequestHeaders { raw: None }
+    }
+
+    /// A header's first value (lossy UTF-8; names match without regard to
+    /// ASCII case, as the host's own lookup does).
+    pub fn get(&self, name: &str) -> Result<Option<String>, Status> {
+        match self.find(name) {
+            Some(v) => Ok(v.map(|v| text(v.to_vec()))),
+            None => request_header(name),
+        }
+    }
+
+    /// Whether the request has header `name` (`None`: not known without a
+    /// host call).
+    pub fn has(&self, name: &str) -> Option<bool> {
+        self.find(name).map(|v| v.is_some())
+    }
+
+    /// Header `name`'s first value from the one call's map (`None`: no
+    /// such map).
+    fn find(&self, name: &str) -> Option<Option<&[u8]>> {
+        abi::map_get(self.raw.as_deref()?, name)
+    }
+}
+
 /// Set (or with `None` remove) a request header.
 pub fn set_request_header(name: &str, value: Option<&str>) -> Result<(), Status> {
     abi::set_header(MapType::HttpRequestHeaders, name, value.map(str::as_bytes))

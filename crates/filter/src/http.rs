@@ -1,17 +1,22 @@
 //! Per-request state machine.
 //!
-//! 1. Request headers: strip any client-supplied destination header; let the
+//! 1. Request headers (all read with one host call): strip any
+//!    client-supplied destination header; let the
 //!    core classify the request (path, method, content type, length). Not
 //!    ours → continue untouched (counted fallback). Ours → ask the replica for
 //!    an ORCA load report and pause to buffer the body.
 //! 2. Request body: buffer until end of stream (or fall back once it exceeds
 //!    `max_body_bytes`), decide (the core reads the loads of the hosts it
 //!    looks at from shared data, [`crate::loads`]: one record per host),
-//!    set the destination header, count the request in flight, continue.
+//!    set the destination header, count the request in flight (written
+//!    with the compare-and-swap tokens of the decision's reads of the
+//!    host's record and the fleet record), continue.
 //! 3. Response headers: read the replica's load report (ORCA or plain
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
-//! 4. Log / done: the in-flight count is released exactly once; passive
+//! 4. Log / done: the in-flight count is released exactly once (at log in
+//!    the same update of the host's record as its passive-health outcome
+//!    when the host that served holds it); passive
 //!    health records the request's outcome at the host of its last try, and
 //!    (from the response headers on) a failure at the chosen host if Envoy
 //!    retried the request elsewhere ([`prefix_router_core::health::verdicts`]).
@@ -21,10 +26,18 @@
 //! ([`prefix_router_core::shared_index`]) and, with `queue = tokens`,
 //! the candidates' pending prefill tokens (this request's uncached prompt
 //! tokens, its prompt minus the prefix the index credited the chosen host
-//! with, are added to that host's); step 3 records the chain under the host that
-//! actually served (2xx only) and releases the pending tokens (also
+//! with, are added to that host's, in the same update as its in-flight
+//! count); step 3 records the chain under the host that
+//! actually served (2xx only) and releases the pending tokens (in the same
+//! update as the load report when that host reported; also
 //! released at log / done if no response headers came, exactly once).
 //! A host that passive health ejects has its index entries forgotten.
+//!
+//! Host calls are kept few: the clock is read at most once per callback,
+//! `upstream.address` once, the tries
+//! (`upstream.request_attempt_count`) only when another host served, the
+//! log level from the VM's cache ([`State::log_enabled`]), and
+//! `prefix_router.hostcalls.last` is set once per request.
 //!
 //! With `gossip.accept`, a POST to `gossip.path` is not routed: its body is
 //! buffered, recorded in the index ([`crate::gossip::apply`]) and answered
@@ -94,6 +107,12 @@ pub struct Http {
     /// them `prefix_router.hostcalls` counts already.
     calls: u64,
     calls_reported: u64,
+    /// The host clock (ms) as this callback read it: read at most once per
+    /// callback ([`Http::now`]; cleared when a callback starts).
+    clock: Option<u64>,
+    /// `upstream.address`, once read and present (the last try's host:
+    /// fixed from the response headers on).
+    upstream: Option<String>,
 }
 
 impl Http {
@@ -116,6 +135,8 @@ impl Http {
             failover: String::new(),
             calls: 0,
             calls_reported: 0,
+            clock: None,
+            upstream: None,
         }
     }
 
@@ -167,7 +188,7 @@ impl Http {
         self.api = None;
         let d = Decision::Fallback(c);
         self.st.metrics.record(&d);
-        if host::log_enabled(LogLevel::Debug) {
+        if self.st.log_enabled(LogLevel::Debug, self.clock) {
             host::log(
                 LogLevel::Debug,
                 &format!("prefix-router: {}", d.describe(self.st.router.config())),
@@ -177,8 +198,8 @@ impl Http {
         Action::Continue
     }
 
-    fn header(&self, name: &str) -> Option<String> {
-        match host::request_header(name) {
+    fn header(&self, heads: &host::RequestHeaders, name: &str) -> Option<String> {
+        match heads.get(name) {
             Ok(v) => v,
             Err(e) => {
                 self.host_error(&format!("reading request header {name}"), e);
@@ -222,7 +243,7 @@ impl Http {
             }
         }
         st.metrics.record(&d);
-        if host::log_enabled(LogLevel::Debug) {
+        if st.log_enabled(LogLevel::Debug, self.clock) {
             let line = format!("prefix-router: {}", d.describe(st.router.config()));
             host::log(LogLevel::Debug, &line);
         }
@@ -296,17 +317,43 @@ impl Http {
             self.host_error("setting the destination header", e);
             return Err(FallbackCause::HostError);
         }
-        match host_state::add_inflight(&SharedData, &h.address, 1) {
-            Ok(_) => self.inflight = Some(h.address.clone()),
+        // The index rule with `queue = tokens`: the prefill this request
+        // adds at the host (its prompt minus what the index credited the
+        // host with), counted in the same update as the in-flight count.
+        let tokens_mode = cfg.cost.params.queue == QueueMode::Tokens;
+        let uncached = if cfg.cost.enabled {
+            params.pending_tokens(self.prompt_bytes, cached)
+        } else {
+            0
+        };
+        let pending = if cfg.cost.enabled && tokens_mode {
+            uncached
+        } else {
+            0
+        };
+        // From the decision's reads of the host's record and the fleet
+        // record: written with their CAS tokens, re-read only if they changed.
+        let (host_snap, fleet_snap) = (loads.take_snapshot(idx), loads.take_fleet_snapshot());
+        let add = pending.min(i64::MAX as u64);
+        match host_state::add_inflight_with(
+            &SharedData,
+            &h.address,
+            1,
+            host_snap,
+            fleet_snap,
+            &mut |r| r.pending_tokens = r.pending_tokens.saturating_add(add),
+        ) {
+            Ok(_) => {
+                self.inflight = Some(h.address.clone());
+                if pending > 0 {
+                    self.pending = Some((h.address.clone(), pending));
+                }
+            }
             Err(e) => self.host_error("counting in-flight", e),
         }
         if !cfg.cost.enabled {
             return Ok(());
         }
-        let tokens_mode = cfg.cost.params.queue == QueueMode::Tokens;
-        // The prefill this request adds at the host: its prompt minus what
-        // the index credited the host with.
-        let uncached = params.pending_tokens(self.prompt_bytes, cached);
         // What the index believes the host holds of this prompt, to compare
         // with the replicas' own prefix-cache hit counters.
         let credited = params.pending_tokens(cached, 0);
@@ -322,13 +369,6 @@ impl Http {
             }
             self.learn = Some((idx, uncached, now, ahead));
         }
-        if tokens_mode && uncached > 0 {
-            let delta = i64::try_from(uncached).unwrap_or(i64::MAX);
-            match shared_index::add_pending_tokens(&SharedData, &h.address, delta) {
-                Ok(_) => self.pending = Some((h.address.clone(), uncached)),
-                Err(e) => self.host_error("counting pending prefill tokens", e),
-            }
-        }
         Ok(())
     }
 
@@ -336,28 +376,37 @@ impl Http {
     /// found; an unknown upstream is asked again later, e.g. at log time).
     fn served_host(&mut self) -> Option<(String, usize)> {
         if self.served.is_none() {
-            match host::property_string(&["upstream", "address"]) {
-                Ok(Some(a)) => {
-                    if let Some(i) = self.st.router.config().host_index(&a) {
-                        self.served = Some((a, i));
-                    }
+            if let Some(a) = self.upstream_address() {
+                if let Some(i) = self.st.router.config().host_index(&a) {
+                    self.served = Some((a, i));
                 }
-                Ok(None) => {}
-                Err(e) => self.host_error("reading upstream.address", e),
             }
         }
         self.served.clone()
     }
 
-    /// The host clock in ms, or `None` (counted and logged).
-    fn now(&self) -> Option<u64> {
-        match host::now_ms() {
-            Ok(t) => Some(t),
-            Err(e) => {
-                self.host_error("reading the clock", e);
-                None
+    /// `upstream.address`: the host of the last try (kept once present;
+    /// absent is asked again later, e.g. at log time).
+    fn upstream_address(&mut self) -> Option<String> {
+        if self.upstream.is_none() {
+            match host::property_string(&["upstream", "address"]) {
+                Ok(a) => self.upstream = a,
+                Err(e) => self.host_error("reading upstream.address", e),
             }
         }
+        self.upstream.clone()
+    }
+
+    /// The host clock in ms, or `None` (counted and logged): read at most
+    /// once per callback.
+    fn now(&mut self) -> Option<u64> {
+        if self.clock.is_none() {
+            match host::now_ms() {
+                Ok(t) => self.clock = Some(t),
+                Err(e) => self.host_error("reading the clock", e),
+            }
+        }
+        self.clock
     }
 
     fn read_report(&mut self) {
@@ -405,10 +454,22 @@ impl Http {
         }
         let Some(q) = queue else { return };
         let Some(at_ms) = self.now() else { return };
+        // The pending prefill tokens this request holds there are released
+        // in the same update.
+        let release = match &self.pending {
+            Some((a, t)) if *a == served => *t,
+            _ => 0,
+        };
         // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
-        match host_state::record_report(&SharedData, &served, q, running, at_ms) {
-            Ok(()) => self.st.metrics.inc(self.st.metrics.load_reports, 1),
+        match host_state::record_report_releasing(&SharedData, &served, q, running, at_ms, release)
+        {
+            Ok(()) => {
+                if release > 0 {
+                    self.pending = None;
+                }
+                self.st.metrics.inc(self.st.metrics.load_reports, 1)
+            }
             Err(e) => self.host_error("storing a load report", e),
         }
     }
@@ -428,24 +489,29 @@ impl Http {
         }
     }
 
-    /// What Envoy tells of this request's tries ([`health::Attempt`]); the
-    /// code and flags only at log time (`final_outcome`).
-    fn attempt_info(&mut self, final_outcome: bool) -> (Option<String>, u64, i64, u64) {
-        let served = match host::property_string(&["upstream", "address"]) {
-            Ok(a) => a,
-            Err(e) => {
-                self.host_error("reading upstream.address", e);
-                None
+    /// What Envoy tells of this request's tries ([`health::Attempt`]),
+    /// read only where [`health::verdicts`] uses it: the tries only while
+    /// the chosen host's retried try is unchecked and another host (or
+    /// none) served, the code and flags only at log time (`final_outcome`)
+    /// and only if a host served.
+    fn attempt_info(
+        &mut self,
+        chosen: Option<&str>,
+        final_outcome: bool,
+    ) -> (Option<String>, u64, i64, u64) {
+        let served = self.upstream_address();
+        let attempts = if !self.retry_checked && chosen.is_some() && served.as_deref() != chosen {
+            match host::property_i64(&["upstream", "request_attempt_count"]) {
+                Ok(n) => n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
+                Err(e) => {
+                    self.host_error("reading upstream.request_attempt_count", e);
+                    0
+                }
             }
+        } else {
+            0
         };
-        let attempts = match host::property_i64(&["upstream", "request_attempt_count"]) {
-            Ok(n) => n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0),
-            Err(e) => {
-                self.host_error("reading upstream.request_attempt_count", e);
-                0
-            }
-        };
-        if !final_outcome {
+        if !final_outcome || served.is_none() {
             return (served, attempts, 0, 0);
         }
         let code = match host::property_i64(&["response", "code"]) {
@@ -479,7 +545,7 @@ impl Http {
             return;
         }
         let chosen = self.chosen();
-        let (served, attempts, code, flags) = self.attempt_info(final_outcome);
+        let (served, attempts, code, flags) = self.attempt_info(chosen.as_deref(), final_outcome);
         let v = health::verdicts(&health::Attempt {
             chosen: chosen.as_deref(),
             served: served.as_deref(),
@@ -496,7 +562,7 @@ impl Http {
                     "a try Envoy retried elsewhere, {attempts} tries, served by {}",
                     served.as_deref().unwrap_or("none")
                 );
-                self.health_outcome(c, health::Outcome::Unreachable, &why);
+                self.health_outcome(c, health::Outcome::Unreachable, &why, final_outcome);
             }
         }
         if !final_outcome {
@@ -504,19 +570,29 @@ impl Http {
         }
         if let Some((s, outcome)) = v.served {
             let why = format!("last: {code}, response flags {flags:#x}");
-            self.health_outcome(s, outcome, &why);
+            self.health_outcome(s, outcome, &why, true);
         }
     }
 
     /// Record one host's outcome; eject it (and forget its prefix-index
     /// entries) when that makes `failure_threshold` consecutive failures.
-    fn health_outcome(&mut self, addr: &str, outcome: health::Outcome, why: &str) {
-        let cfg = self.st.router.config();
+    /// At the request's end (`release`), if this request holds an in-flight
+    /// count at that host, it is released in the same update of the
+    /// host's record.
+    fn health_outcome(&mut self, addr: &str, outcome: health::Outcome, why: &str, release: bool) {
+        let st = Rc::clone(&self.st);
+        let cfg = st.router.config();
         let Some(idx) = cfg.host_index(addr) else {
             return;
         };
         let Some(now) = self.now() else { return };
-        match host_state::record_health(&SharedData, addr, outcome, now, &cfg.health) {
+        let recorded = if release && self.inflight.as_deref() == Some(addr) {
+            self.inflight = None;
+            host_state::release_and_record_health(&SharedData, addr, outcome, now, &cfg.health)
+        } else {
+            host_state::record_health(&SharedData, addr, outcome, now, &cfg.health)
+        };
+        match recorded {
             Ok(true) => {
                 self.st.metrics.inc(self.st.metrics.ejections, 1);
                 let after = if outcome == health::Outcome::Unreachable
@@ -586,7 +662,7 @@ impl Http {
                 self.st
                     .metrics
                     .set(self.st.metrics.prefill_tps, r.round() as u64);
-                if host::log_enabled(LogLevel::Debug) {
+                if self.st.log_enabled(LogLevel::Debug, self.clock) {
                     host::log(
                         LogLevel::Debug,
                         &format!(
@@ -721,17 +797,28 @@ impl Http {
     }
 
     fn request_headers(&mut self, end_of_stream: bool) -> Action {
+        // Every header in one host call.
+        let heads = match host::RequestHeaders::read() {
+            Ok(h) => h,
+            Err(e) => {
+                self.host_error("reading the request headers", e);
+                host::RequestHeaders::each()
+            }
+        };
         #[cfg(feature = "test-trap")]
-        if matches!(host::request_header(TEST_TRAP_HEADER), Ok(Some(_))) {
+        if matches!(heads.get(TEST_TRAP_HEADER), Ok(Some(_))) {
             crate::root::trap();
         }
-        let cfg = self.st.router.config();
+        let st = Rc::clone(&self.st);
+        let cfg = st.router.config();
         // Never let a client pick the backend, whatever happens next.
-        if let Err(e) = host::set_request_header(&cfg.destination_header, None) {
-            self.host_error("removing the destination header", e);
+        if heads.has(&cfg.destination_header) != Some(false) {
+            if let Err(e) = host::set_request_header(&cfg.destination_header, None) {
+                self.host_error("removing the destination header", e);
+            }
         }
-        let method = self.header(":method").unwrap_or_default();
-        let path = self.header(":path").unwrap_or_default();
+        let method = self.header(&heads, ":method").unwrap_or_default();
+        let path = self.header(&heads, ":path").unwrap_or_default();
         if let Some(g) = cfg.gossip.as_ref().filter(|g| g.accept) {
             if path.split('?').next() == Some(g.path.as_str()) {
                 if method != "POST" {
@@ -744,9 +831,9 @@ impl Http {
                 return Action::Pause;
             }
         }
-        let content_type = self.header("content-type");
+        let content_type = self.header(&heads, "content-type");
         let content_length = self
-            .header("content-length")
+            .header(&heads, "content-length")
             .and_then(|v| v.trim().parse().ok());
         let head = RequestHead {
             method: &method,
@@ -761,8 +848,8 @@ impl Http {
         if end_of_stream {
             return self.fallback(FallbackCause::NoBody);
         }
-        if let Some(h) = cfg.key.session_header.clone() {
-            self.session = self.header(&h);
+        if let Some(h) = &cfg.key.session_header {
+            self.session = self.header(&heads, h);
         }
         if let Some(f) = cfg.load.orca_format {
             if let Err(e) = host::set_request_header(ORCA_FORMAT_HEADER, Some(f.as_str())) {
@@ -815,10 +902,12 @@ impl Http {
     }
 
     fn response_headers(&mut self) -> Action {
-        self.release_pending();
         self.record_health(false);
         self.learn_prefill();
+        // Releases the pending prefill tokens with the report when the
+        // host that served holds them; `release_pending` does any other.
         self.read_report();
+        self.release_pending();
         self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
             let mut v = d.describe(self.st.router.config());
@@ -834,12 +923,16 @@ impl Http {
     }
 
     fn log(&mut self) {
-        self.release();
+        self.release_pending();
+        // Releases the in-flight count with the served host's outcome in
+        // one update when that host holds it; `release` does any other.
         self.record_health(true);
+        self.release();
     }
 
     /// Run one callback's work, counting the host calls it makes.
     fn counted<T>(&mut self, f: impl FnOnce(&mut Http) -> T) -> T {
+        self.clock = None;
         let t0 = crate::abi::calls();
         let out = f(self);
         self.calls = self
@@ -850,11 +943,16 @@ impl Http {
 
     /// Add this request's host calls since the last report to
     /// `prefix_router.hostcalls` and set `prefix_router.hostcalls.last` to
-    /// its count so far (at log and at done, whichever Envoy calls last
-    /// leaves the whole count; these calls are not counted).
-    fn report_calls(&mut self) {
+    /// its count so far (these calls are not counted). At log, and at done
+    /// only if calls were made since (Envoy 1.40 calls log first, and done
+    /// then has nothing left to do), so once per request; whichever comes
+    /// last leaves the whole count.
+    fn report_calls(&mut self, always: bool) {
         let m = &self.st.metrics;
         let new = self.calls.saturating_sub(self.calls_reported);
+        if new == 0 && !always {
+            return;
+        }
         if new > 0 {
             m.inc(m.hostcalls, new);
         }
@@ -866,7 +964,7 @@ impl Http {
 impl Context for Http {
     fn on_done(&mut self) -> bool {
         self.counted(Http::done);
-        self.report_calls();
+        self.report_calls(false);
         // Bookkeeping of the VM, not of this request: not counted.
         self.st.report_memory();
         true
@@ -892,6 +990,6 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         self.counted(Http::log);
-        self.report_calls();
+        self.report_calls(true);
     }
 }

@@ -5,6 +5,12 @@
 //! periodic sum of the reported loads ([`State::others`]), so the host
 //! calls of a request do not grow with the fleet.
 //!
+//! What a decision read is kept ([`Snapshot`]): the in-flight add of the
+//! chosen host writes its record and the fleet record with the CAS tokens
+//! of those reads ([`HostLoads::take_snapshot`],
+//! [`HostLoads::take_fleet_snapshot`]), reading either again only if it
+//! changed in between.
+//!
 //! With the index rule's hot-host rule on
 //! ([`prefix_router_core::Router::reads_every_host`]) the decision compares
 //! every host with the fleet's mean: [`HostLoads::read_every_host`] reads
@@ -16,6 +22,7 @@ use prefix_router_core::cost::QueueMode;
 use prefix_router_core::host_state;
 use prefix_router_core::load::{Freshness, HostLoad};
 use prefix_router_core::router::LoadSource;
+use prefix_router_core::store::Snapshot;
 use proxy_wasm::types::LogLevel;
 
 use crate::host::{self, SharedData};
@@ -28,6 +35,10 @@ pub struct HostLoads<'a> {
     /// Per host: 0 not read yet, else 1 + its place in `read`.
     slot: RefCell<Vec<u32>>,
     read: RefCell<Vec<HostLoad>>,
+    /// Per place in `read`: the record as read, with its CAS token.
+    snaps: RefCell<Vec<Option<Snapshot>>>,
+    /// The fleet record's in-flight total as read (at most once).
+    fleet: RefCell<Option<(u64, Snapshot)>>,
     /// Every host was read ([`HostLoads::read_every_host`]): the total is
     /// their sum.
     every: Cell<bool>,
@@ -49,6 +60,8 @@ impl<'a> HostLoads<'a> {
             now,
             slot: RefCell::new(Vec::new()),
             read: RefCell::new(Vec::new()),
+            snaps: RefCell::new(Vec::new()),
+            fleet: RefCell::new(None),
             every: Cell::new(false),
             peers: RefCell::new(None),
         }
@@ -58,16 +71,16 @@ impl<'a> HostLoads<'a> {
     /// ejection, and for the index rule's token queue the pending prefill
     /// (its own and the peers'). A failed read counts a host error and
     /// reads as idle. Free slots of the membership table are not read.
-    fn fetch(&self, h: usize) -> HostLoad {
+    fn fetch(&self, h: usize) -> (HostLoad, Option<Snapshot>) {
         let cfg = self.st.router.config();
         let Some(c) = cfg.hosts.get(h).filter(|c| c.weight > 0.0) else {
-            return HostLoad::default();
+            return (HostLoad::default(), None);
         };
-        let mut l = match host_state::read(&SharedData, &c.address) {
-            Ok(r) => r.load(self.now),
+        let (mut l, snap) = match host_state::read_snapshot(&SharedData, &c.address) {
+            Ok((r, snap)) => (r.load(self.now), snap),
             Err(e) => {
                 host_error(self.st, "reading a host's shared state", e);
-                return HostLoad::default();
+                return (HostLoad::default(), None);
             }
         };
         if cfg.health.failure_threshold == 0 {
@@ -94,7 +107,19 @@ impl<'a> HostLoads<'a> {
             });
             l.peer_pending_tokens = all.get(h).copied().unwrap_or(0);
         }
-        l
+        (l, Some(snap))
+    }
+
+    /// Host `h`'s record as this decision read it, if it did (taken: an
+    /// update that starts from it makes it stale).
+    pub fn take_snapshot(&self, h: usize) -> Option<Snapshot> {
+        let i = self.slot.borrow().get(h).copied()?.checked_sub(1)?;
+        self.snaps.borrow_mut().get_mut(i as usize)?.take()
+    }
+
+    /// The fleet record as this decision read it, if it did (taken).
+    pub fn take_fleet_snapshot(&self) -> Option<Snapshot> {
+        self.fleet.borrow_mut().take().map(|(_, s)| s)
     }
 
     /// Every host's load, read now (one record each), with the VM's recent
@@ -102,10 +127,16 @@ impl<'a> HostLoads<'a> {
     /// these.
     pub fn read_every_host(&self) {
         let n = self.st.router.config().hosts.len();
+        let first = self.read.borrow().is_empty();
         let mut all: Vec<HostLoad> = (0..n).map(|h| self.load(h)).collect();
         match self.st.trend.try_borrow_mut() {
             Ok(mut t) => self.st.router.track_recent(&mut t, &mut all, self.now),
             Err(_) => self.st.metrics.inc(self.st.metrics.host_errors, 1),
+        }
+        // The snapshots follow the order of the reads: host order only if
+        // nothing was read before (as when the decision starts here).
+        if !first {
+            self.snaps.borrow_mut().clear();
         }
         *self.slot.borrow_mut() = (1..=n).map(|i| u32::try_from(i).unwrap_or(0)).collect();
         *self.read.borrow_mut() = all;
@@ -126,13 +157,14 @@ impl LoadSource for HostLoads<'_> {
         {
             return l;
         }
-        let l = self.fetch(h);
+        let (l, snap) = self.fetch(h);
         let mut slot = self.slot.borrow_mut();
         if slot.len() < n {
             slot.resize(n, 0);
         }
         let mut read = self.read.borrow_mut();
         read.push(l);
+        self.snaps.borrow_mut().push(snap);
         if let Some(s) = slot.get_mut(h) {
             *s = u32::try_from(read.len()).unwrap_or(0);
         }
@@ -152,12 +184,19 @@ impl LoadSource for HostLoads<'_> {
                 .map(|l| l.effective(now_ms, fresh))
                 .sum();
         }
-        let inflight = match host_state::read_fleet_inflight(&SharedData) {
-            Ok(t) => t,
-            Err(e) => {
-                host_error(self.st, "reading the fleet's in-flight total", e);
-                0
-            }
+        let known = self.fleet.borrow().as_ref().map(|(t, _)| *t);
+        let inflight = match known {
+            Some(t) => t,
+            None => match host_state::read_fleet_snapshot(&SharedData) {
+                Ok((t, snap)) => {
+                    *self.fleet.borrow_mut() = Some((t, snap));
+                    t
+                }
+                Err(e) => {
+                    host_error(self.st, "reading the fleet's in-flight total", e);
+                    0
+                }
+            },
         };
         inflight.saturating_add(self.st.others.get())
     }

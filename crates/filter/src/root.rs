@@ -54,9 +54,41 @@ pub struct State {
     pub others: std::cell::Cell<u64>,
     /// When [`State::others`] was last refreshed (`None`: never).
     pub others_at: std::cell::Cell<Option<u64>>,
+    /// The host's log level and when it was read (ms; [`State::log_enabled`]).
+    pub log_level: std::cell::Cell<Option<(u32, u64)>>,
 }
 
+/// How long a VM trusts the log level it read (ms): a request reads it
+/// again, with a clock it reads anyway, once it is older.
+pub const LOG_LEVEL_TTL_MS: u64 = 1000;
+
 impl State {
+    /// Whether `level` would be logged (to skip formatting debug lines),
+    /// by the log level this VM read last ([`State::log_level`]): read
+    /// again when none was read yet or, given the clock `now` (ms) a
+    /// callback read already, when it is older than [`LOG_LEVEL_TTL_MS`]
+    /// (and on the tick, when there is one).
+    pub fn log_enabled(&self, level: LogLevel, now: Option<u64>) -> bool {
+        let cached = self.log_level.get();
+        let fresh = match (cached, now) {
+            (Some((l, _)), None) => Some(l),
+            (Some((l, at)), Some(t)) if t < at.saturating_add(LOG_LEVEL_TTL_MS) => Some(l),
+            _ => None,
+        };
+        let l = match fresh {
+            Some(l) => l,
+            None => match crate::abi::log_level() {
+                Ok(l) => {
+                    let at = now.or(cached.map(|(_, at)| at)).unwrap_or(0);
+                    self.log_level.set(Some((l, at)));
+                    l
+                }
+                Err(_) => return false,
+            },
+        };
+        l <= level as u32
+    }
+
     /// Bring this VM's share of the memory gauge up to date (the gauge sums
     /// every VM's changes).
     pub fn report_memory(&self) {
@@ -147,6 +179,7 @@ impl Root {
             ),
             others: std::cell::Cell::new(old.others.get()),
             others_at: std::cell::Cell::new(None),
+            log_level: std::cell::Cell::new(old.log_level.get()),
         });
         self.state = Some(state);
     }
@@ -413,8 +446,14 @@ impl RootContext for Root {
                     outbox: std::cell::RefCell::new(Default::default()),
                     others: std::cell::Cell::new(0),
                     others_at: std::cell::Cell::new(None),
+                    log_level: std::cell::Cell::new(None),
                 });
-                crate::loads::refresh_others(&state, host::now_ms().unwrap_or(0));
+                let now = host::now_ms().unwrap_or(0);
+                // The log level as of now, so that requests find it known.
+                if let Ok(l) = crate::abi::log_level() {
+                    state.log_level.set(Some((l, now)));
+                }
+                crate::loads::refresh_others(&state, now);
                 // A reconfiguration replaces the state: take the old share
                 // of the memory gauge back.
                 if let Some(old) = self.state.replace(state) {
@@ -457,6 +496,9 @@ impl RootContext for Root {
             return;
         };
         crate::loads::refresh_others(&st, now);
+        if let Ok(l) = crate::abi::log_level() {
+            st.log_level.set(Some((l, now)));
+        }
         let cfg = st.router.config();
         if let Some(sc) = &cfg.scrape {
             // Due half a tick early rather than a tick late.
