@@ -63,6 +63,16 @@ pub struct HostRecord {
     pub pending_tokens: u64,
 }
 
+impl HostRecord {
+    /// Apply a try's outcome to the passive health ([`HealthState::after`]);
+    /// `true` if it ejected the host.
+    fn record_outcome(&mut self, outcome: Outcome, now_ms: u64, cfg: &HealthConfig) -> bool {
+        let (next, ejected) = self.health.after(outcome, now_ms, cfg);
+        self.health = next;
+        ejected
+    }
+}
+
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
@@ -255,9 +265,7 @@ pub fn release_and_record_health<S: SharedStore + ?Sized>(
     let mut ejected = false;
     // The closure's last run is the one written.
     add_inflight_with(store, address, -1, None, None, &mut |r| {
-        let (next, e) = r.health.after(outcome, now_ms, cfg);
-        r.health = next;
-        ejected = e;
+        ejected = r.record_outcome(outcome, now_ms, cfg);
     })?;
     Ok(ejected)
 }
@@ -349,11 +357,7 @@ pub fn record_health<S: SharedStore + ?Sized>(
     now_ms: u64,
     cfg: &HealthConfig,
 ) -> Result<bool, StoreError> {
-    update(store, address, |r| {
-        let (next, ejected) = r.health.after(outcome, now_ms, cfg);
-        r.health = next;
-        ejected
-    })
+    update(store, address, |r| r.record_outcome(outcome, now_ms, cfg))
 }
 
 /// A host's in-flight count (0 if absent).
