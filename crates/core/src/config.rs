@@ -338,9 +338,9 @@ pub struct CostConfig {
 /// The routing rule (`cost.mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CostMode {
-    /// The priced spill ([`crate::spill`], the default): the group owner,
-    /// then the key's ring walk, left only when the replicas' reported
-    /// queues say the wait saved outweighs the miss.
+    /// The priced spill ([`crate::spill`], the default): the group key's
+    /// ring walk, its owner left only when the replicas' reported queues
+    /// say the wait saved outweighs the miss.
     #[default]
     Spill,
     /// The index rule ([`crate::cost`]): estimated TTFT over the owner and
