@@ -66,7 +66,7 @@ use crate::hash;
 use crate::json_stream::{
     colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number,
     skip_number_fast, skip_value, str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut,
-    StrOut,
+    Staging, StrOut, STAGE,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -701,8 +701,7 @@ impl<'a> Scan<'a> {
             b: body,
             out: Out {
                 sink,
-                buf: [0; STAGE],
-                len: 0,
+                stage: Staging::new([0; STAGE]),
             },
             canon: Canon::default(),
             part: PartHasher::new(),
@@ -738,37 +737,26 @@ impl<'a> Scan<'a> {
     }
 }
 
-const STAGE: usize = 1024;
-
 /// Batches small writes to the sink (the stream is the same bytes).
 struct Out<'s, S: PromptSink> {
     sink: &'s mut S,
-    buf: [u8; STAGE],
-    len: usize,
+    stage: Staging<[u8; STAGE]>,
+}
+
+/// The sink as a [`Put`] for the staging buffer.
+struct ToSink<'a, S: PromptSink>(&'a mut S);
+
+impl<S: PromptSink> Put for ToSink<'_, S> {
+    #[inline]
+    fn put(&mut self, bytes: &[u8]) {
+        self.0.write(bytes);
+    }
 }
 
 impl<S: PromptSink> Out<'_, S> {
     #[inline]
     fn put(&mut self, x: &[u8]) {
-        let len = self.len;
-        if let Some(d) = self.buf.get_mut(len..len + x.len()) {
-            d.copy_from_slice(x);
-            self.len = len + x.len();
-        } else {
-            self.spill(x);
-        }
-    }
-
-    #[inline(never)]
-    fn spill(&mut self, x: &[u8]) {
-        self.flush();
-        match self.buf.get_mut(..x.len()) {
-            Some(d) if x.len() < STAGE / 2 => {
-                d.copy_from_slice(x);
-                self.len = x.len();
-            }
-            _ => self.sink.write(x),
-        }
+        self.stage.put(x, &mut ToSink(&mut *self.sink));
     }
 
     /// `h` as 16 lowercase hex digits, written as two words (not built in
@@ -780,10 +768,7 @@ impl<S: PromptSink> Out<'_, S> {
     }
 
     fn flush(&mut self) {
-        if self.len > 0 {
-            self.sink.write(self.buf.get(..self.len).unwrap_or(&[]));
-            self.len = 0;
-        }
+        self.stage.flush(&mut ToSink(&mut *self.sink));
     }
 }
 

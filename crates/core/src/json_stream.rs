@@ -788,53 +788,81 @@ impl Put for Vec<u8> {
     }
 }
 
-/// Bytes of canonical JSON staged before they reach the caller's [`Put`].
-const STAGE: usize = 1024;
+/// Bytes of canonical JSON staged before they reach the caller's [`Put`]
+/// (and of the extractor's output before its sink).
+pub(crate) const STAGE: usize = 1024;
+
+/// A staging buffer: small writes gather in `buf` and reach the sink a
+/// buffer at a time (a write of half the buffer or more goes straight
+/// through). The bytes and their order are the same as unstaged. Shared by
+/// canonical JSON ([`Stage`]) and the prompt extractor's output.
+pub(crate) struct Staging<B> {
+    buf: B,
+    len: usize,
+}
+
+impl<B: AsMut<[u8]>> Staging<B> {
+    pub(crate) fn new(buf: B) -> Self {
+        Staging { buf, len: 0 }
+    }
+
+    #[inline]
+    pub(crate) fn put<W: Put + ?Sized>(&mut self, x: &[u8], out: &mut W) {
+        let len = self.len;
+        if let Some(d) = self.buf.as_mut().get_mut(len..len + x.len()) {
+            d.copy_from_slice(x);
+            self.len = len + x.len();
+        } else {
+            self.spill(x, out);
+        }
+    }
+
+    #[inline(never)]
+    fn spill<W: Put + ?Sized>(&mut self, x: &[u8], out: &mut W) {
+        self.flush(out);
+        let buf = self.buf.as_mut();
+        let small = x.len() < buf.len() / 2;
+        match buf.get_mut(..x.len()) {
+            Some(d) if small => {
+                d.copy_from_slice(x);
+                self.len = x.len();
+            }
+            _ => out.put(x),
+        }
+    }
+
+    pub(crate) fn flush<W: Put + ?Sized>(&mut self, out: &mut W) {
+        if self.len > 0 {
+            out.put(self.buf.as_mut().get(..self.len).unwrap_or(&[]));
+            self.len = 0;
+        }
+    }
+}
 
 /// Batches the many small writes of canonical JSON (a brace, a quote, a
-/// key) in a buffer on the stack: one dynamic call and one large write into
-/// the caller's sink (e.g. a streaming hasher) per kilobyte instead of per
-/// token. The bytes are the same.
+/// key) in a buffer: one dynamic call and one large write into the
+/// caller's sink (e.g. a streaming hasher) per kilobyte instead of per
+/// token.
 pub(crate) struct Stage<'p> {
-    buf: &'p mut [u8],
-    len: usize,
+    st: Staging<&'p mut [u8]>,
     out: &'p mut dyn Put,
 }
 
 impl<'p> Stage<'p> {
     fn new(buf: &'p mut [u8], out: &'p mut dyn Put) -> Self {
-        Stage { buf, len: 0, out }
+        Stage {
+            st: Staging::new(buf),
+            out,
+        }
     }
 
     #[inline]
     fn put(&mut self, x: &[u8]) {
-        let len = self.len;
-        if let Some(d) = self.buf.get_mut(len..len + x.len()) {
-            d.copy_from_slice(x);
-            self.len = len + x.len();
-        } else {
-            self.spill(x);
-        }
-    }
-
-    #[inline(never)]
-    fn spill(&mut self, x: &[u8]) {
-        self.flush();
-        let small = x.len() < self.buf.len() / 2;
-        match self.buf.get_mut(..x.len()) {
-            Some(d) if small => {
-                d.copy_from_slice(x);
-                self.len = x.len();
-            }
-            _ => self.out.put(x),
-        }
+        self.st.put(x, self.out);
     }
 
     fn flush(&mut self) {
-        if self.len > 0 {
-            self.out.put(self.buf.get(..self.len).unwrap_or(&[]));
-            self.len = 0;
-        }
+        self.st.flush(self.out);
     }
 }
 
