@@ -33,7 +33,8 @@ pub struct Report {
     pub index_credit: Option<(u64, u64)>,
     /// The filter's `prefix_router.index.forget.*` counters after the run (cost rule only).
     pub forgets: Vec<(String, u64)>,
-    /// Count of each decision-header `outcome=` (and `none` when absent).
+    /// Count of each decision-header `outcome=` (and `none` when absent),
+    /// by `turn=` when the header has one (`moved/first`).
     pub outcomes: BTreeMap<String, usize>,
     /// A few error messages, for diagnosis.
     pub sample_errors: Vec<String>,
@@ -107,9 +108,17 @@ impl Report {
             if let Some(b) = &r.backend {
                 *per_replica.entry(b.clone()).or_default() += 1;
             }
-            *outcomes
-                .entry(r.outcome().unwrap_or("none").to_string())
-                .or_default() += 1;
+            // With the priced spill, by turn: `moved/first`, `hit/later`.
+            let turn = r
+                .decision
+                .as_deref()
+                .and_then(|d| crate::workload::decision_field(d, "turn"));
+            let outcome = r.outcome().unwrap_or("none");
+            let key = match turn {
+                Some(t) => format!("{outcome}/{t}"),
+                None => outcome.to_string(),
+            };
+            *outcomes.entry(key).or_default() += 1;
             if r.ok() {
                 if let Some(t) = r.ttft {
                     ttfts.push(t);

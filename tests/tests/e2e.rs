@@ -3575,6 +3575,24 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
             ));
         }
     }
+    // Every decision explains itself (the spill rule's account in the decision header): the
+    // turn it read from the request's bytes is the workload's, and a request that left its
+    // owner names the owner and what the reports said.
+    for (name, run) in [("one Envoy", &run1), ("two Envoys", &run2)] {
+        for r in &run.records {
+            let d = r.decision.as_deref().unwrap_or("");
+            let field = |k| workload::decision_field(d, k);
+            let want = if r.turn == 0 { "first" } else { "later" };
+            if field("turn") != Some(want) || field("why").is_none() || field("held_ms").is_none() {
+                problems.push(format!("{name}: turn {}: decision {d:?}", r.turn));
+            } else if field("outcome") != Some("hit")
+                && (field("owner").is_none()
+                    || (field("wait_ms").is_none() && field("report") != Some("none")))
+            {
+                problems.push(format!("{name}: a move without its account: {d:?}"));
+            }
+        }
+    }
     for (name, r) in [("one Envoy", &one), ("two Envoys", &two)] {
         if r.ok != total {
             problems.push(format!("{name}: {}/{total} requests succeeded", r.ok));

@@ -153,9 +153,32 @@ pub enum Decision {
         /// `min_capacity` floor, or the pure bound if higher), though under
         /// their capacity.
         hot_skipped: u32,
+        /// The priced spill's account of its choice (`None` for the other
+        /// rules).
+        spill: Option<SpillNote>,
     },
     /// Leave it to Envoy's load balancing.
     Fallback(FallbackCause),
+}
+
+/// How the priced spill ([`crate::spill`]) reached a decision: what the
+/// decision header and the debug log show after the outcome, e.g.
+/// `turn=first;why=priced;owner=10.0.0.1:8000;wait_ms=1500/0;held_ms=125`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpillNote {
+    /// A later turn of a conversation (it never leaves `o` by the bound
+    /// alone); `false`: a first turn.
+    pub later: bool,
+    /// Which step decided ([`crate::spill::Why`]).
+    pub why: crate::spill::Why,
+    /// The first candidate `o`, where every proxy presumes the prompt is
+    /// held.
+    pub owner: usize,
+    /// `W_o` and the chosen host's `W`, milliseconds (`None`: no fresh
+    /// report for `o`).
+    pub wait_ms: Option<(u32, u32)>,
+    /// `held_s`, milliseconds: re-prefilling the prompt elsewhere.
+    pub held_ms: u32,
 }
 
 impl Decision {
@@ -183,6 +206,7 @@ impl Decision {
                 key,
                 cached,
                 hot_skipped,
+                spill,
                 ..
             } => {
                 let addr = cfg
@@ -205,6 +229,20 @@ impl Decision {
                 }
                 if *hot_skipped > 0 {
                     let _ = write!(s, ";hot_skipped={hot_skipped}");
+                }
+                if let Some(n) = spill {
+                    let turn = if n.later { "later" } else { "first" };
+                    let _ = write!(s, ";turn={turn};why={}", n.why.as_str());
+                    if n.owner != *host {
+                        let o = cfg.hosts.get(n.owner).map_or("?", |h| h.address.as_str());
+                        let _ = write!(s, ";owner={o}");
+                    }
+                    if let Some((w_o, w)) = n.wait_ms {
+                        let _ = write!(s, ";wait_ms={w_o}/{w}");
+                    } else {
+                        s.push_str(";report=none");
+                    }
+                    let _ = write!(s, ";held_ms={}", n.held_ms);
                 }
             }
             Decision::Fallback(c) => {
@@ -689,6 +727,7 @@ impl Router {
             cached: Some(p.cached_bytes),
             moved: p.moved,
             hot_skipped: p.hot_skipped,
+            spill: None,
         })
     }
 
@@ -710,8 +749,9 @@ impl Router {
         // prompt goes on past the first user message.
         let first_turn = key.source == KeySource::Prompt
             && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
+        let held_s = held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s;
         let x = crate::spill::Rule {
-            held_s: held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s,
+            held_s,
             service_s: p.service_s,
             // An application preamble (system prompt, tools) is shared by
             // all its conversations: a first turn goes where the preamble
@@ -729,6 +769,14 @@ impl Router {
             // is a spill, as in plain bounded loads.
             moved: pl.why == crate::spill::Why::Priced,
             hot_skipped: 0,
+            spill: Some(SpillNote {
+                later: !first_turn,
+                why: pl.why,
+                owner: pl.owner,
+                wait_ms: pl.wait_ms,
+                // `as` saturates and maps NaN to 0.
+                held_ms: (held_s * 1000.0).round() as u32,
+            }),
         })
     }
 
@@ -806,6 +854,7 @@ impl Router {
             cached: None,
             moved: false,
             hot_skipped: 0,
+            spill: None,
         })
     }
 }
@@ -1497,6 +1546,7 @@ mod tests {
             cached: None,
             moved: false,
             hot_skipped: 0,
+            spill: None,
         };
         assert_eq!(
             d.describe(r.config()),
@@ -1510,6 +1560,7 @@ mod tests {
                 cached: Some(4096),
                 moved: false,
                 hot_skipped: 0,
+                spill: None,
             },
             other => other,
         };
@@ -1525,6 +1576,7 @@ mod tests {
                 cached: Some(4096),
                 moved: true,
                 hot_skipped: 2,
+                spill: None,
             },
             other => other,
         };
@@ -1532,6 +1584,91 @@ mod tests {
             d.describe(r.config()),
             "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;cached=4096;hot_skipped=2"
         );
+        // The priced spill's account: the owner only when another host
+        // was chosen; the waits, or that the owner had no fresh report.
+        let with = |d: Decision, n: SpillNote| match d {
+            Decision::Routed { host, key, .. } => Decision::Routed {
+                host,
+                skipped: 1,
+                key,
+                cached: None,
+                moved: n.why == crate::spill::Why::Priced,
+                hot_skipped: 0,
+                spill: Some(n),
+            },
+            other => other,
+        };
+        let priced = SpillNote {
+            later: false,
+            why: crate::spill::Why::Priced,
+            owner: 0,
+            wait_ms: Some((1500, 0)),
+            held_ms: 125,
+        };
+        assert_eq!(
+            with(d, priced).describe(r.config()),
+            "outcome=moved;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;turn=first;why=priced;owner=127.0.0.1:18001;wait_ms=1500/0;held_ms=125"
+        );
+        let stayed = SpillNote {
+            later: true,
+            why: crate::spill::Why::Owner,
+            owner: 1,
+            wait_ms: None,
+            held_ms: 40,
+        };
+        assert_eq!(
+            with(d, stayed).describe(r.config()),
+            "outcome=spill;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;turn=later;why=owner;report=none;held_ms=40"
+        );
+    }
+
+    #[test]
+    fn the_spill_rule_explains_a_priced_move() {
+        // A first turn whose owner reports a queue and whose successor
+        // reports none: moved, and the note says by how much.
+        let r = Router::new(
+            Config::with_hosts(&["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]).unwrap(),
+        );
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"explain this decision please"}]}"#;
+        let probe = r
+            .decide(&Request::new(Api::ChatCompletions, body, &[], 1_000))
+            .decision;
+        let Decision::Routed { host: owner, .. } = probe else {
+            panic!("not routed: {probe:?}")
+        };
+        let mut loads = vec![HostLoad::default(); 3];
+        for (h, l) in loads.iter_mut().enumerate() {
+            let q = if h == owner { 4.0 } else { 0.0 };
+            l.report = Some(crate::load::Report {
+                queue: q,
+                running: 0.0,
+                own: 0,
+                at_ms: 1_000,
+            });
+        }
+        let d = r
+            .decide(&Request::new(Api::ChatCompletions, body, &loads, 1_000))
+            .decision;
+        let Decision::Routed {
+            host,
+            spill: Some(n),
+            ..
+        } = d
+        else {
+            panic!("no spill note: {d:?}")
+        };
+        assert_ne!(host, owner);
+        assert_eq!(n.owner, owner);
+        assert!(!n.later);
+        assert_eq!(n.why, crate::spill::Why::Priced);
+        assert_eq!(n.wait_ms, Some((2000, 0)));
+        let text = d.describe(r.config());
+        assert!(text.starts_with("outcome=moved;"), "{text}");
+        assert!(
+            text.contains(";turn=first;why=priced;owner=10.0.0."),
+            "{text}"
+        );
+        assert!(text.contains(";wait_ms=2000/0;held_ms="), "{text}");
     }
 
     /// A [`LoadSource`] over a slice that counts the hosts asked about.

@@ -93,6 +93,17 @@ pub enum Why {
     Bound,
 }
 
+impl Why {
+    /// `owner`, `priced` or `bound` (the decision header's `why=`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Owner => "owner",
+            Why::Priced => "priced",
+            Why::Bound => "bound",
+        }
+    }
+}
+
 /// Where the rule placed a key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
@@ -102,6 +113,18 @@ pub struct Placed {
     pub rank: u32,
     /// Why.
     pub why: Why,
+    /// The first candidate, `o`.
+    pub owner: usize,
+    /// The reported waits weighed, milliseconds: `W_o` and `W` of the
+    /// chosen host (`None`: no fresh report for `o`, or bounded loads
+    /// along the whole walk decided).
+    pub wait_ms: Option<(u32, u32)>,
+}
+
+/// Seconds as whole milliseconds for the decision header (saturating).
+fn ms(s: f64) -> u32 {
+    // `as` saturates and maps NaN to 0.
+    (s * 1000.0).round().max(0.0) as u32
 }
 
 /// The inputs of one placement.
@@ -194,12 +217,14 @@ pub fn spread(key: u64) -> f64 {
 }
 
 /// Plain bounded loads along the key's whole walk ([`Ring::place`]).
-fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>) -> Option<Placed> {
+fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>, owner: usize) -> Option<Placed> {
     ring.place_by(key, x.total, bound, x.load, x.eligible)
         .map(|p| Placed {
             host: p.host,
             rank: p.skipped,
             why: Why::Bound,
+            owner,
+            wait_ms: None,
         })
 }
 
@@ -244,6 +269,8 @@ pub fn place_by(
                 host: owner,
                 rank: owner_rank,
                 why: Why::Owner,
+                owner,
+                wait_ms: None,
             });
         }
         if let Some(&(h, rank)) = cands.iter().find(|&&(h, _)| under(h)) {
@@ -251,9 +278,11 @@ pub fn place_by(
                 host: h,
                 rank,
                 why: Why::Bound,
+                owner,
+                wait_ms: None,
             });
         }
-        return bounded(ring, key, bound, hosts);
+        return bounded(ring, key, bound, hosts, owner);
     };
     let w_o = q_o.max(0.0) * x.service_s;
     let u = spread(key);
@@ -267,6 +296,8 @@ pub fn place_by(
             host: owner,
             rank: owner_rank,
             why: Why::Owner,
+            owner,
+            wait_ms: Some((ms(w_o), ms(w_o))),
         });
     }
     // Only a first turn is priced as over its bound: a later turn over it
@@ -274,7 +305,8 @@ pub fn place_by(
     // load is partly this proxy's own in-flight count, which another proxy
     // does not see).
     let over = owner_over && x.first_turn;
-    let mut best: Option<(usize, u32, f64)> = None;
+    // (host, rank, net saving, its wait)
+    let mut best: Option<(usize, u32, f64, f64)> = None;
     let mut any_under = false;
     for &(j, rank) in cands.iter().skip(1) {
         if !under(j) {
@@ -294,21 +326,23 @@ pub fn place_by(
             (net, net > 0.0)
         };
         if ok && best.is_none_or(|b| net > b.2) {
-            best = Some((j, rank, net));
+            best = Some((j, rank, net, q * x.service_s));
         }
     }
     let best = match best {
         Some(b) => b,
-        None if !owner_over || any_under => (owner, owner_rank, 0.0),
+        None if !owner_over || any_under => (owner, owner_rank, 0.0, w_o),
         None => {
             // The owner and every candidate over their bounds: bounded
             // loads along the whole walk.
-            return bounded(ring, key, bound, hosts);
+            return bounded(ring, key, bound, hosts, owner);
         }
     };
     Some(Placed {
         host: best.0,
         rank: best.1,
+        owner,
+        wait_ms: Some((ms(w_o), ms(best.3))),
         why: match (best.0 == owner, over) {
             (true, _) => Why::Owner,
             (false, false) => Why::Priced,
