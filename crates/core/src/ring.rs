@@ -79,23 +79,48 @@ pub struct Placement {
     pub skipped: u32,
 }
 
+/// Weights scaled so that the positive ones average 1; a weight that is
+/// not a positive number becomes 0.
+pub fn relative(weights: &[f64]) -> Vec<f64> {
+    let ok = |w: f64| w.is_finite() && w > 0.0;
+    let (sum, n) = weights
+        .iter()
+        .filter(|&&w| ok(w))
+        .fold((0.0, 0u32), |(s, n), &w| (s + w, n + 1));
+    let mean = if n > 0 { sum / f64::from(n) } else { 1.0 };
+    weights
+        .iter()
+        .map(|&w| if ok(w) { w / mean } else { 0.0 })
+        .collect()
+}
+
+/// Ring points of a host of relative weight `w` ([`relative`]): `vnodes x
+/// w` rounded, at least 1 for a positive weight.
+pub fn points_for(w: f64, vnodes: u32) -> u32 {
+    if w > 0.0 {
+        // `as` saturates.
+        (f64::from(vnodes) * w).round().max(1.0) as u32
+    } else {
+        0
+    }
+}
+
 impl Ring {
-    /// Build from `(name, weight)` pairs; `vnodes` points per unit weight
-    /// (at least one for a positive weight, none for weight 0).
+    /// Build from `(name, weight)` pairs. Weights are relative: they are
+    /// scaled so that the hosts with a weight average 1 ([`relative`]),
+    /// whatever scale they come in (Envoy's endpoint weights, 1..=128), so
+    /// an average host has `vnodes` points and the bound's `min_capacity`
+    /// floor. A host has at least one point if its weight is positive,
+    /// none for weight 0 (a free slot of the membership table).
     pub fn new<'a>(hosts: impl IntoIterator<Item = (&'a str, f64)>, vnodes: u32) -> Ring {
+        let hosts: Vec<(&str, f64)> = hosts.into_iter().collect();
+        let raw: Vec<f64> = hosts.iter().map(|h| h.1).collect();
+        let weights = relative(&raw);
         let mut points = Vec::new();
-        let mut weights = Vec::new();
-        for (idx, (name, weight)) in hosts.into_iter().enumerate() {
-            // Weight 0 (a free slot of the membership table): no points.
-            let n = if weight > 0.0 {
-                (f64::from(vnodes) * weight).round().max(1.0) as u32
-            } else {
-                0
-            };
-            for v in 0..n {
+        for (idx, ((name, _), &w)) in hosts.iter().zip(&weights).enumerate() {
+            for v in 0..points_for(w, vnodes) {
                 points.push((ring_point(name.as_bytes(), v), idx as u32));
             }
-            weights.push(weight);
         }
         points.sort_unstable();
         let total_weight = weights.iter().sum();
@@ -325,15 +350,60 @@ mod tests {
         }
         let ratio = c[0] as f64 / c[1] as f64;
         assert!(ratio > 2.2 && ratio < 4.0, "{ratio}");
-        assert_eq!(r.points(), 400);
+        // Relative weights 1.5 and 0.5: 150 + 50 points.
+        assert_eq!(r.points(), 200);
         assert_eq!(r.capacity(0, 99, &Bound::factor(1.0)), 75);
         assert_eq!(r.capacity(1, 99, &Bound::factor(1.0)), 25);
+        // The floor is an average host's: 8 x 0.5 and 8 x 1.5.
         let floored = Bound {
             factor: 1.0,
             min_capacity: 8.0,
         };
-        assert_eq!(r.capacity(1, 3, &floored), 8);
-        assert_eq!(r.capacity(0, 3, &floored), 24);
+        assert_eq!(r.capacity(1, 3, &floored), 4);
+        assert_eq!(r.capacity(0, 3, &floored), 12);
+    }
+
+    #[test]
+    fn weights_are_relative_whatever_their_scale() {
+        // Envoy's endpoint weights (say 100 each) give the ring and the
+        // bounds of weight 1: `vnodes` points a host, not 100 times that,
+        // and the floor of an average host.
+        let ns = names(3);
+        let floored = Bound {
+            factor: 1.25,
+            min_capacity: 8.0,
+        };
+        for (a, b) in [
+            ([1.0, 1.0, 1.0], [100.0, 100.0, 100.0]),
+            ([3.0, 1.0, 2.0], [300.0, 100.0, 200.0]),
+        ] {
+            let ra = Ring::new(ns.iter().map(|n| n.as_str()).zip(a), 100);
+            let rb = Ring::new(ns.iter().map(|n| n.as_str()).zip(b), 100);
+            assert_eq!(ra.points, rb.points);
+            assert_eq!(rb.points(), 300);
+            for h in 0..3 {
+                for total in [0, 5, 50, 500] {
+                    assert_eq!(
+                        ra.capacity(h, total, &floored),
+                        rb.capacity(h, total, &floored)
+                    );
+                }
+            }
+        }
+        let r = Ring::new(ns.iter().map(|n| (n.as_str(), 100.0)), 100);
+        assert_eq!(r.capacity(0, 0, &floored), 8);
+        // A free slot (weight 0) has no points and does not count in the mean.
+        let r = Ring::new(
+            [
+                (ns[0].as_str(), 5.0),
+                (ns[1].as_str(), 0.0),
+                (ns[2].as_str(), 5.0),
+            ],
+            100,
+        );
+        assert_eq!(r.points(), 200);
+        assert_eq!(r.weight(1), 0.0);
+        assert_eq!(r.weight(0), 1.0);
     }
 
     #[test]
