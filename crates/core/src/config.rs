@@ -733,7 +733,8 @@ pub struct RawConfig {
     /// Allowed: 0..=1000000.
     #[serde(default = "d_min_capacity")]
     pub min_capacity: f64,
-    /// Ring points of an average host (weights are scaled to average 1).
+    /// Ring points of an average host (weights are relative: their mean is
+    /// scaled to the nearest power of two, 1 for equal weights).
     /// More points spread the keys more evenly: with 400, the busiest of 8
     /// hosts owns about 1.07x an even share of the keys (1.12x with 100);
     /// each point costs 16 bytes of memory per worker VM.
@@ -1614,9 +1615,9 @@ impl RawConfig {
             ));
         }
         let raw: Vec<f64> = hosts.iter().map(|h| h.weight).collect();
-        let points: f64 = crate::ring::relative(&raw)
-            .iter()
-            .map(|&w| f64::from(crate::ring::points_for(w, self.vnodes)))
+        let points: f64 = crate::ring::points_per_host(&raw, self.vnodes)
+            .into_iter()
+            .map(f64::from)
             .sum();
         if points > MAX_RING_POINTS as f64 {
             return Err(err(

@@ -79,46 +79,71 @@ pub struct Placement {
     pub skipped: u32,
 }
 
-/// Weights scaled so that the positive ones average 1; a weight that is
-/// not a positive number becomes 0.
-pub fn relative(weights: &[f64]) -> Vec<f64> {
-    let ok = |w: f64| w.is_finite() && w > 0.0;
+/// The mean of the positive weights (1 if none).
+fn mean_weight(weights: &[f64]) -> f64 {
     let (sum, n) = weights
         .iter()
-        .filter(|&&w| ok(w))
+        .filter(|&&w| w.is_finite() && w > 0.0)
         .fold((0.0, 0u32), |(s, n), &w| (s + w, n + 1));
-    let mean = if n > 0 { sum / f64::from(n) } else { 1.0 };
-    weights
-        .iter()
-        .map(|&w| if ok(w) { w / mean } else { 0.0 })
-        .collect()
-}
-
-/// Ring points of a host of relative weight `w` ([`relative`]): `vnodes x
-/// w` rounded, at least 1 for a positive weight.
-pub fn points_for(w: f64, vnodes: u32) -> u32 {
-    if w > 0.0 {
-        // `as` saturates.
-        (f64::from(vnodes) * w).round().max(1.0) as u32
+    if n > 0 {
+        sum / f64::from(n)
     } else {
-        0
+        1.0
     }
 }
 
+/// Weights scaled so that the positive ones average 1 (the bound's
+/// weights); a weight that is not a positive number becomes 0.
+pub fn relative(weights: &[f64]) -> Vec<f64> {
+    let mean = mean_weight(weights);
+    weights
+        .iter()
+        .map(|&w| {
+            if w.is_finite() && w > 0.0 {
+                w / mean
+            } else {
+                0.0
+            }
+        })
+        .collect()
+}
+
+/// Ring points per host: `vnodes x w / s` rounded, at least 1 for a
+/// positive weight, 0 otherwise, where `s` is the mean positive weight
+/// rounded to a power of two. An average host has `vnodes / sqrt 2` to
+/// `vnodes x sqrt 2` points whatever scale the weights come in, and a
+/// host that comes or goes changes no other host's points unless it moves
+/// the mean past a power of two (with equal weights, never), so only its
+/// own keys move.
+pub fn points_per_host(weights: &[f64], vnodes: u32) -> Vec<u32> {
+    let s = mean_weight(weights).log2().round().exp2();
+    weights
+        .iter()
+        .map(|&w| {
+            if w.is_finite() && w > 0.0 {
+                // `as` saturates.
+                (f64::from(vnodes) * w / s).round().max(1.0) as u32
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 impl Ring {
-    /// Build from `(name, weight)` pairs. Weights are relative: they are
-    /// scaled so that the hosts with a weight average 1 ([`relative`]),
-    /// whatever scale they come in (Envoy's endpoint weights, 1..=128), so
-    /// an average host has `vnodes` points and the bound's `min_capacity`
-    /// floor. A host has at least one point if its weight is positive,
-    /// none for weight 0 (a free slot of the membership table).
+    /// Build from `(name, weight)` pairs. Weights are relative, whatever
+    /// scale they come in (Envoy's endpoint weights run 1..=128): the
+    /// bound sees them scaled to average 1 ([`relative`]), so an average
+    /// host has the `min_capacity` floor, and the points follow
+    /// [`points_per_host`] (about `vnodes` for an average host; none for
+    /// weight 0, a free slot of the membership table).
     pub fn new<'a>(hosts: impl IntoIterator<Item = (&'a str, f64)>, vnodes: u32) -> Ring {
         let hosts: Vec<(&str, f64)> = hosts.into_iter().collect();
         let raw: Vec<f64> = hosts.iter().map(|h| h.1).collect();
         let weights = relative(&raw);
         let mut points = Vec::new();
-        for (idx, ((name, _), &w)) in hosts.iter().zip(&weights).enumerate() {
-            for v in 0..points_for(w, vnodes) {
+        for (idx, ((name, _), n)) in hosts.iter().zip(points_per_host(&raw, vnodes)).enumerate() {
+            for v in 0..n {
                 points.push((ring_point(name.as_bytes(), v), idx as u32));
             }
         }
@@ -379,8 +404,11 @@ mod tests {
         ] {
             let ra = Ring::new(ns.iter().map(|n| n.as_str()).zip(a), 100);
             let rb = Ring::new(ns.iter().map(|n| n.as_str()).zip(b), 100);
-            assert_eq!(ra.points, rb.points);
-            assert_eq!(rb.points(), 300);
+            // 100 is scaled by 128, the power of two nearest its mean.
+            assert_eq!(ra.points(), 300);
+            assert_eq!(rb.points(), 234);
+            let r128 = Ring::new(ns.iter().map(|n| n.as_str()).zip(a.map(|w| w * 128.0)), 100);
+            assert_eq!(ra.points, r128.points);
             for h in 0..3 {
                 for total in [0, 5, 50, 500] {
                     assert_eq!(
@@ -392,6 +420,17 @@ mod tests {
         }
         let r = Ring::new(ns.iter().map(|n| (n.as_str(), 100.0)), 100);
         assert_eq!(r.capacity(0, 0, &floored), 8);
+        // A host of the mean weight coming or going changes no other host's
+        // points; nor does one that leaves the mean's power of two alone.
+        let three = points_per_host(&[100.0, 100.0, 100.0], 400);
+        assert_eq!(
+            &points_per_host(&[100.0, 100.0, 100.0, 100.0], 400)[..3],
+            &three[..]
+        );
+        assert_eq!(
+            &points_per_host(&[100.0, 100.0, 100.0, 150.0], 400)[..3],
+            &three[..]
+        );
         // A free slot (weight 0) has no points and does not count in the mean.
         let r = Ring::new(
             [
@@ -401,7 +440,8 @@ mod tests {
             ],
             100,
         );
-        assert_eq!(r.points(), 200);
+        // Mean 5, scaled by 4: 125 points each.
+        assert_eq!(r.points(), 250);
         assert_eq!(r.weight(1), 0.0);
         assert_eq!(r.weight(0), 1.0);
     }
