@@ -92,6 +92,23 @@ fn mean_weight(weights: &[f64]) -> f64 {
     }
 }
 
+/// `2^round(log2 x)` for a positive normal `x` (1 otherwise), from the
+/// float's exponent bits: no libm in the .wasm.
+fn nearest_power_of_two(x: f64) -> f64 {
+    if !(x.is_normal() && x > 0.0) {
+        return 1.0;
+    }
+    let bits = x.to_bits();
+    let exp = bits >> 52; // biased exponent (the sign bit is 0)
+    let down = f64::from_bits(exp << 52); // 2^floor(log2 x)
+                                          // Round up when the mantissa is at least sqrt 2 (log2 of it >= 1/2).
+    if x / down >= std::f64::consts::SQRT_2 && exp < 0x7fe {
+        f64::from_bits((exp + 1) << 52)
+    } else {
+        down
+    }
+}
+
 /// Weights scaled so that the positive ones average 1 (the bound's
 /// weights); a weight that is not a positive number becomes 0.
 pub fn relative(weights: &[f64]) -> Vec<f64> {
@@ -116,7 +133,7 @@ pub fn relative(weights: &[f64]) -> Vec<f64> {
 /// the mean past a power of two (with equal weights, never), so only its
 /// own keys move.
 pub fn points_per_host(weights: &[f64], vnodes: u32) -> Vec<u32> {
-    let s = mean_weight(weights).log2().round().exp2();
+    let s = nearest_power_of_two(mean_weight(weights));
     weights
         .iter()
         .map(|&w| {
@@ -386,6 +403,23 @@ mod tests {
         };
         assert_eq!(r.capacity(1, 3, &floored), 4);
         assert_eq!(r.capacity(0, 3, &floored), 12);
+    }
+
+    #[test]
+    fn nearest_power_of_two_in_log_scale() {
+        for (x, want) in [
+            (1.0, 1.0),
+            (1.41, 1.0),
+            (1.42, 2.0),
+            (3.0, 4.0),
+            (5.0, 4.0),
+            (100.0, 128.0),
+            (0.3, 0.25),
+            (0.0, 1.0),
+            (f64::NAN, 1.0),
+        ] {
+            assert_eq!(nearest_power_of_two(x), want, "{x}");
+        }
     }
 
     #[test]
