@@ -969,7 +969,7 @@ pub struct ScrapeConfig {
 pub struct Config {
     pub hosts: Vec<Host>,
     pub capacity_factor: f64,
-    /// Capacity floor per unit of weight.
+    /// Capacity floor of an average host (weights scaled to average 1).
     pub min_capacity: f64,
     pub vnodes: u32,
     pub chunk_bytes: usize,

@@ -1,8 +1,9 @@
 //! Consistent-hash ring with virtual nodes and bounded loads.
 //!
 //! ## Algorithm
-//! Each host gets `round(vnodes * weight)` points (at least one) at
-//! `xxh3_64(name ++ le_u32(i), RING_SEED)`; points are sorted by
+//! Each host gets `round(vnodes * weight / s)` points (at least one;
+//! [`points_per_host`]: `s` is the mean weight rounded to a power of two,
+//! 1 for equal weights) at `xxh3_64(name ++ le_u32(i), RING_SEED)`; points are sorted by
 //! `(hash, host index)` so ties are broken the same way everywhere. A key
 //! maps to the first point clockwise from `key` (the first point `>= key`,
 //! wrapping). Walking on clockwise and skipping hosts already seen gives each
@@ -10,14 +11,15 @@
 //!
 //! Bounded loads (Mirrokni, Thorup, Zadimoghaddam, "Consistent Hashing with
 //! Bounded Loads", SODA 2018): with total load `L` over all hosts and weight
-//! `w_h` of `W`, host `h`'s capacity is
+//! `w_h` of `W` (weights scaled to average 1, [`relative`]), host `h`'s
+//! capacity is
 //!
 //! ```text
 //! cap_h = ceil(c * (L + 1) * w_h / W)
 //! ```
 //!
 //! and the request goes to the first host on the key's walk with
-//! `load_h < cap_h`. An optional floor `min_capacity` (per unit weight)
+//! `load_h < cap_h`. An optional floor `min_capacity` (an average host's)
 //! raises small capacities: `cap_h = max(cap_h, ceil(min_capacity * w_h))`,
 //! so at low absolute load (a few requests per replica, where a replica's
 //! batch has room and imbalance costs nothing) keys are not spilled away
@@ -33,8 +35,11 @@
 //!
 //! ## Trade-offs
 //! More vnodes: better balance of key ownership (std dev ~ 1/sqrt(vnodes)),
-//! bigger ring (16 bytes a point) and a longer build. 100 points per host is
-//! within a few percent of even ownership for 4-64 hosts. `c` close to 1
+//! bigger ring (16 bytes a point) and a longer build. The default, 400 points
+//! per host, gives the busiest of 8 hosts about 1.07x an even share of the
+//! keys (1.12x at 100; the simulator's suite: TTFT p90 0.94-0.98x, hit rate
+//! +0.3 to +0.8 points on both halves; 1,000 did no better); 64 hosts are
+//! 410 KB per VM. `c` close to 1
 //! forces balance at the cost of affinity (more spills); large `c` keeps
 //! affinity and tolerates hot spots up to `c` times the mean.
 
@@ -55,7 +60,8 @@ pub struct Ring {
 pub struct Bound {
     /// `c`, at least 1.
     pub factor: f64,
-    /// Floor per unit of weight (0: pure bounded loads).
+    /// Floor of an average host (weights scaled to average 1; 0: pure
+    /// bounded loads).
     pub min_capacity: f64,
 }
 
