@@ -3182,7 +3182,10 @@ fn eds_lab(label: &str, initial: usize, patch: serde_json::Value) -> Lab {
 }
 
 /// Waits (up to 10 s) until the filter's gauges say `hosts` hosts known, `healthy` of them
-/// healthy, from Envoy's cluster.
+/// healthy, from Envoy's cluster, then 3 more poll intervals: the gauges move with the first
+/// worker VM that applies the change, and each other worker applies it at its own next poll
+/// (within one interval, 200 ms here). Without the wait, a request handled by a worker that
+/// had not yet applied it could still go to a removed replica (seen once in 5 runs).
 fn wait_membership(lab: &Lab, hosts: usize, healthy: usize) {
     let g = |name: &str| filter_counter(lab, &[name]);
     let t0 = std::time::Instant::now();
@@ -3204,6 +3207,7 @@ fn wait_membership(lab: &Lab, hosts: usize, healthy: usize) {
         "the filter saw {hosts} hosts ({healthy} healthy) {:?} after the change",
         t0.elapsed()
     );
+    std::thread::sleep(Duration::from_millis(600));
 }
 
 /// The replica each conversation key (one user message each) goes to now, by name.
