@@ -85,11 +85,16 @@ pub struct Placement {
     pub skipped: u32,
 }
 
+/// A weight that gives a host points (0, NaN and the rest: none).
+fn positive(w: f64) -> bool {
+    w.is_finite() && w > 0.0
+}
+
 /// The mean of the positive weights (1 if none).
 fn mean_weight(weights: &[f64]) -> f64 {
     let (sum, n) = weights
         .iter()
-        .filter(|&&w| w.is_finite() && w > 0.0)
+        .filter(|&&w| positive(w))
         .fold((0.0, 0u32), |(s, n), &w| (s + w, n + 1));
     if n > 0 {
         sum / f64::from(n)
@@ -104,10 +109,10 @@ fn nearest_power_of_two(x: f64) -> f64 {
     if !(x.is_normal() && x > 0.0) {
         return 1.0;
     }
-    let bits = x.to_bits();
-    let exp = bits >> 52; // biased exponent (the sign bit is 0)
-    let down = f64::from_bits(exp << 52); // 2^floor(log2 x)
-                                          // Round up when the mantissa is at least sqrt 2 (log2 of it >= 1/2).
+    // The biased exponent (the sign bit is 0), and 2^floor(log2 x).
+    let exp = x.to_bits() >> 52;
+    let down = f64::from_bits(exp << 52);
+    // Round up when the mantissa is at least sqrt 2 (log2 of it >= 1/2).
     if x / down >= std::f64::consts::SQRT_2 && exp < 0x7fe {
         f64::from_bits((exp + 1) << 52)
     } else {
@@ -121,13 +126,7 @@ pub fn relative(weights: &[f64]) -> Vec<f64> {
     let mean = mean_weight(weights);
     weights
         .iter()
-        .map(|&w| {
-            if w.is_finite() && w > 0.0 {
-                w / mean
-            } else {
-                0.0
-            }
-        })
+        .map(|&w| if positive(w) { w / mean } else { 0.0 })
         .collect()
 }
 
@@ -143,7 +142,7 @@ pub fn points_per_host(weights: &[f64], vnodes: u32) -> Vec<u32> {
     weights
         .iter()
         .map(|&w| {
-            if w.is_finite() && w > 0.0 {
+            if positive(w) {
                 // `as` saturates.
                 (f64::from(vnodes) * w / s).round().max(1.0) as u32
             } else {

@@ -774,8 +774,7 @@ impl Router {
                 why: pl.why,
                 owner: pl.owner,
                 wait_ms: pl.wait_ms,
-                // `as` saturates and maps NaN to 0.
-                held_ms: (held_s * 1000.0).round() as u32,
+                held_ms: crate::spill::ms(held_s),
             }),
         })
     }

@@ -122,7 +122,7 @@ pub struct Placed {
 }
 
 /// Seconds as whole milliseconds for the decision header (saturating).
-fn ms(s: f64) -> u32 {
+pub fn ms(s: f64) -> u32 {
     // `as` saturates and maps NaN to 0.
     (s * 1000.0).round().max(0.0) as u32
 }
