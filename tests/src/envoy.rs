@@ -58,6 +58,9 @@ pub enum FilterConfig {
     Patched(Value),
     /// Exactly this text (may be invalid on purpose).
     Raw(String),
+    /// This text, a space, then the first backend's `ip:port` (the testbed's
+    /// `skeleton` filter steers every request there).
+    RawFirstHost(String),
 }
 
 #[derive(Debug, Clone)]
@@ -375,6 +378,10 @@ pub fn filter_json_text(
         FilterConfig::Default => patched(None),
         FilterConfig::Patched(p) => patched(Some(p)),
         FilterConfig::Raw(s) => Ok(s.clone()),
+        FilterConfig::RawFirstHost(s) => Ok(format!(
+            "{s} {}",
+            backends.first().map(Backend::address).unwrap_or_default()
+        )),
     }
 }
 

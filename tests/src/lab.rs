@@ -235,7 +235,7 @@ impl Lab {
             let base = match filter {
                 crate::FilterConfig::Default => Some(serde_json::json!({})),
                 crate::FilterConfig::Patched(v) => Some(v.clone()),
-                crate::FilterConfig::Raw(_) => None,
+                crate::FilterConfig::Raw(_) | crate::FilterConfig::RawFirstHost(_) => None,
             };
             let filter = match base {
                 Some(mut patch) if gossip && mode == crate::EnvoyMode::PrefixRouter => {

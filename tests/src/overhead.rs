@@ -1,16 +1,20 @@
 //! `prefix-router-lab overhead`: what the filter adds per request inside Envoy.
 //!
-//! Six Envoys in one run, each in front of its own 2 backend simulators
+//! Seven Envoys in one run, each in front of its own 2 backend simulators
 //! (`--instant`: a fixed reply written at once, no scheduler):
 //! - `no-filter`: envoy-round-robin.yaml (no wasm filter),
 //! - `noop-wasm`: envoy.yaml with the testbed's do-nothing filter (same
 //!   runtime, same plugin config knobs),
 //! - `buffer-wasm`: the testbed filter that only pauses and buffers the body
 //!   (what any body-based router pays before its own work),
+//! - `skeleton-wasm`: the testbed filter that does what Envoy sees of a body
+//!   router and nothing else (ORCA format header, body buffered, destination
+//!   header set to one backend, a decision header added): the floor any
+//!   filter that steers by the body pays in Envoy's runtime,
 //! - `prefix-router-ring`: envoy.yaml with `cost.mode: off`,
 //! - `prefix-router`: envoy.yaml as committed (the default rule),
 //! - `prefix-router-index-all`: `cost.mode: index`, every boundary indexed;
-//! - with `--latency-compare-wasm`, a seventh: `prefix-router` with another
+//! - with `--latency-compare-wasm`, an eighth: `prefix-router` with another
 //!   build of the filter (e.g. main's), in its own table below the first.
 //!
 //! One client thread, keep-alive, sends the same sequence of chat bodies to
@@ -182,6 +186,19 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             },
         ),
         (
+            // What Envoy does for any body router: ORCA format header, body
+            // buffered, destination header set, decision header added.
+            "skeleton-wasm",
+            EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::RawFirstHost("skeleton".into()),
+                wasm: Some(testbed.clone()),
+                concurrency: 1,
+                log_level: "warn".into(),
+                ..EnvoyOptions::default()
+            },
+        ),
+        (
             // The bounded ring alone (`cost.mode: off`): key hash, ring walk, in-flight
             // counters.
             "prefix-router-ring",
@@ -262,8 +279,18 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
          latency = client write to full response read, loopback, keep-alive, TCP_NODELAY\n\n",
         opts.rounds, opts.per_round
     ));
-    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | prefix-router-ring p50 / p90 | prefix-router (default) p50 / p90 | prefix-router-index-all p50 / p90 | default - noop (p50) | ring - noop (p50) | ring - buffer (p50) | index-all - ring (p50) | noop - no-filter (p50) |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | skeleton-wasm p50 / p90 | prefix-router-ring p50 / p90 | prefix-router (default) p50 / p90 | prefix-router-index-all p50 / p90 | default - noop (p50) | skeleton - noop (p50) | default - skeleton (p50) | ring - noop (p50) | index-all - ring (p50) | noop - no-filter (p50) |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let at = |name: &str| configs.iter().position(|(n, _)| *n == name).unwrap_or(0);
+    let (none, noop, buffer, skeleton, ring, default, index) = (
+        at("no-filter"),
+        at("noop-wasm"),
+        at("buffer-wasm"),
+        at("skeleton-wasm"),
+        at("prefix-router-ring"),
+        at("prefix-router"),
+        at("prefix-router-index"),
+    );
     let mut compared = String::new();
     for &size in &opts.sizes {
         let bodies: Vec<String> = (0..opts.per_round).map(|i| body(size, i)).collect();
@@ -295,38 +322,36 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         }
         let p50: Vec<f64> = lat.iter().map(|l| pct(l, 0.5)).collect();
         let p90: Vec<f64> = lat.iter().map(|l| pct(l, 0.9)).collect();
+        let cell = |k: usize| format!("{:.0} / {:.0} us", p50[k], p90[k]);
+        let diff = |a: usize, b: usize| format!("{:+.0} us", p50[a] - p50[b]);
         out.push_str(&format!(
-            "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
+            "| {:.1} KB | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             actual as f64 / 1000.0,
-            p50[0],
-            p90[0],
-            p50[1],
-            p90[1],
-            p50[2],
-            p90[2],
-            p50[3],
-            p90[3],
-            p50[4],
-            p90[4],
-            p50[5],
-            p90[5],
-            p50[4] - p50[1],
-            p50[3] - p50[1],
-            p50[3] - p50[2],
-            p50[5] - p50[3],
-            p50[1] - p50[0]
+            cell(none),
+            cell(noop),
+            cell(buffer),
+            cell(skeleton),
+            cell(ring),
+            cell(default),
+            cell(index),
+            diff(default, noop),
+            diff(skeleton, noop),
+            diff(default, skeleton),
+            diff(ring, noop),
+            diff(index, ring),
+            diff(noop, none),
         ));
-        if let (Some(c50), Some(c90)) = (p50.get(6), p90.get(6)) {
+        if let (Some(c50), Some(c90)) = (p50.get(7), p90.get(7)) {
             compared.push_str(&format!(
                 "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
                 actual as f64 / 1000.0,
-                p50[4],
-                p90[4],
+                p50[default],
+                p90[default],
                 c50,
                 c90,
-                p50[4] - p50[1],
-                c50 - p50[1],
-                p50[4] - c50
+                p50[default] - p50[noop],
+                c50 - p50[noop],
+                p50[default] - c50
             ));
         }
     }

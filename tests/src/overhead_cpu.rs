@@ -5,6 +5,8 @@
 //! 3 backend simulators (`--instant`: the reply is written at once, no scheduler):
 //! - `round-robin`: envoy-round-robin.yaml (no wasm filter),
 //! - `noop-wasm`: envoy.yaml with the testbed's do-nothing filter,
+//! - `skeleton-wasm`: the testbed filter that does only what Envoy sees of a body router (body
+//!   buffered, destination and ORCA headers set, a decision header added; all to one backend),
 //! - `prefix-router`: envoy.yaml as committed (the default rule),
 //! - `prefix-router-ring`: envoy.yaml with `cost.mode: off`,
 //! - optionally `prefix-router (other .wasm)`: the default config with another build of the
@@ -245,6 +247,14 @@ pub fn run(opts: &CpuOptions) -> Result<String, String> {
             "noop-wasm".into(),
             EnvoyOptions {
                 filter: FilterConfig::Raw("noop".into()),
+                wasm: Some(testbed.clone()),
+                ..base.clone()
+            },
+        ),
+        (
+            "skeleton-wasm (steers, no routing)".into(),
+            EnvoyOptions {
+                filter: FilterConfig::RawFirstHost("skeleton".into()),
                 wasm: Some(testbed),
                 ..base.clone()
             },
@@ -343,9 +353,17 @@ pub fn run(opts: &CpuOptions) -> Result<String, String> {
             us_per_req[k] / rr
         ));
     }
+    let of = |name: &str| {
+        configs
+            .iter()
+            .position(|(n, _)| n == name)
+            .and_then(|k| us_per_req.get(k).copied())
+            .unwrap_or(f64::NAN)
+    };
     out.push_str(&format!(
-        "\ndefault / round robin: {:.2}x (target <= 1.2x)\n",
-        us_per_req.get(2).copied().unwrap_or(f64::NAN) / rr
+        "\ndefault / round robin: {:.2}x (target <= 1.2x); skeleton / round robin: {:.2}x\n",
+        of("prefix-router (default)") / rr,
+        of("skeleton-wasm (steers, no routing)") / rr
     ));
     Ok(out)
 }

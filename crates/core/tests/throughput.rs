@@ -3,6 +3,8 @@
 //! spent descheduled). `cargo test --release -p prefix-router-core --test
 //! throughput -- --ignored --nocapture`. The numbers of record come from
 //! `cargo bench -p prefix-router-core --bench core -- extract`.
+//! `PROBE_FILES=a.json,b.json ... probe_files` times request bodies from
+//! files: the checking scan, the index rule's path and the default's.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -47,6 +49,17 @@ fn scan_path(body: &[u8]) -> u64 {
     let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
     scan.extract(Api::ChatCompletions, &mut s).unwrap();
     s.key()
+}
+
+/// The default config's path: one [`extract::Scan`] into a `KeySink`
+/// without the whole-prompt chain (only `cost.mode: index` keeps it).
+fn default_path(body: &[u8]) -> u64 {
+    let scan = extract::Scan::new(body);
+    let model = scan.meta().unwrap().model;
+    let seed = hash::model_seed(model.as_bytes(), None);
+    let mut s = KeySink::new(seed, 64, KeyMode::Conversation, 4096, true);
+    scan.extract(Api::ChatCompletions, &mut s).unwrap();
+    s.key() ^ s.seen_bytes()
 }
 
 /// Best time per call in seconds over `batches` batches of ~5 ms.
@@ -121,5 +134,31 @@ fn probe_scan_only() {
         );
         let a = best(|| scan_path(black_box(&body)), 20);
         println!("{name:<28} {:>9.1} {:>9.1}", s * 1e6, a * 1e6);
+    }
+}
+
+#[test]
+#[ignore]
+fn probe_files() {
+    let files = std::env::var("PROBE_FILES").unwrap_or_default();
+    for f in files.split(',').filter(|f| !f.is_empty()) {
+        let body = std::fs::read(f).unwrap();
+        let s = best(
+            || {
+                let sc = extract::Scan::new(black_box(&body));
+                u64::from(sc.meta().is_ok())
+            },
+            20,
+        );
+        let a = best(|| scan_path(black_box(&body)), 20);
+        let d = best(|| default_path(black_box(&body)), 20);
+        println!(
+            "{f:<28} {:>9} scan {:>9.1} chain {:>9.1} default {:>9.1} ns/B {:.3}",
+            body.len(),
+            s * 1e6,
+            a * 1e6,
+            d * 1e6,
+            d * 1e9 / body.len() as f64
+        );
     }
 }
