@@ -410,9 +410,14 @@ impl Http {
     }
 
     fn read_report(&mut self) {
-        let Some((served, _)) = self.served_host() else {
+        let Some((served, idx)) = self.served_host() else {
             return;
         };
+        // At most one report per host per `REPORT_EVERY_MS` from this VM.
+        let Some(now) = self.now() else { return };
+        if !self.st.report_due(idx, now) {
+            return;
+        }
         let cfg = self.st.router.config();
         let mut queue: Option<f64> = None;
         let mut running = 0.0;
@@ -453,7 +458,7 @@ impl Http {
             }
         }
         let Some(q) = queue else { return };
-        let Some(at_ms) = self.now() else { return };
+        let at_ms = now;
         // The pending prefill tokens this request holds there are released
         // in the same update.
         let release = match &self.pending {
@@ -468,6 +473,7 @@ impl Http {
                 if release > 0 {
                     self.pending = None;
                 }
+                self.st.mark_reported(idx, now);
                 self.st.metrics.inc(self.st.metrics.load_reports, 1)
             }
             Err(e) => self.host_error("storing a load report", e),

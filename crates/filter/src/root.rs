@@ -56,13 +56,47 @@ pub struct State {
     pub others_at: std::cell::Cell<Option<u64>>,
     /// The host's log level and when it was read (ms; [`State::log_enabled`]).
     pub log_level: std::cell::Cell<Option<(u32, u64)>>,
+    /// When this VM last stored each host's load report (ms, by host
+    /// index; [`State::report_due`]).
+    pub reported_at: std::cell::RefCell<Vec<u64>>,
 }
+
+/// A VM stores a host's load report at most once per this many ms: the
+/// rule reads a queue that changes over a request's service time, and
+/// the simulator's replicas report every 50 ms. A response that comes
+/// sooner is not read for its report (its ORCA header read, parse and
+/// shared-data update cost about 15 us of proxy CPU a request under load,
+/// `prefix-router-lab overhead`).
+pub const REPORT_EVERY_MS: u64 = 20;
 
 /// How long a VM trusts the log level it read (ms): a request reads it
 /// again, with a clock it reads anyway, once it is older.
 pub const LOG_LEVEL_TTL_MS: u64 = 1000;
 
 impl State {
+    /// Whether host `i`'s report should be read at `now` (ms): this VM
+    /// stored none in the last [`REPORT_EVERY_MS`].
+    pub fn report_due(&self, i: usize, now: u64) -> bool {
+        match self.reported_at.try_borrow() {
+            Ok(at) => at
+                .get(i)
+                .is_none_or(|&t| t == 0 || now >= t.saturating_add(REPORT_EVERY_MS)),
+            Err(_) => true,
+        }
+    }
+
+    /// Host `i`'s report was stored at `now` (ms).
+    pub fn mark_reported(&self, i: usize, now: u64) {
+        if let Ok(mut at) = self.reported_at.try_borrow_mut() {
+            if at.len() <= i {
+                at.resize(i + 1, 0);
+            }
+            if let Some(t) = at.get_mut(i) {
+                *t = now.max(1);
+            }
+        }
+    }
+
     /// Whether `level` would be logged (to skip formatting debug lines),
     /// by the log level this VM read last ([`State::log_level`]): read
     /// again when none was read yet or, given the clock `now` (ms) a
@@ -180,6 +214,7 @@ impl Root {
             others: std::cell::Cell::new(old.others.get()),
             others_at: std::cell::Cell::new(None),
             log_level: std::cell::Cell::new(old.log_level.get()),
+            reported_at: std::cell::RefCell::new(Vec::new()),
         });
         self.state = Some(state);
     }
@@ -447,6 +482,7 @@ impl RootContext for Root {
                     others: std::cell::Cell::new(0),
                     others_at: std::cell::Cell::new(None),
                     log_level: std::cell::Cell::new(None),
+                    reported_at: std::cell::RefCell::new(Vec::new()),
                 });
                 let now = host::now_ms().unwrap_or(0);
                 // The log level as of now, so that requests find it known.
