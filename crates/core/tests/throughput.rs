@@ -86,8 +86,17 @@ fn probe() {
     let serde = std::env::var("PROBE_SERDE").is_ok();
     let cases = bodies::cases();
     println!(
-        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "body", "bytes", "new µs", "MB/s", "scan µs", "MB/s", "serde µs", "MB/s"
+        "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "body",
+        "bytes",
+        "new µs",
+        "MB/s",
+        "scan µs",
+        "MB/s",
+        "serde µs",
+        "MB/s",
+        "dflt µs",
+        "check µs"
     );
     let batches = std::env::var("PROBE_BATCHES")
         .ok()
@@ -101,6 +110,14 @@ fn probe() {
         assert_eq!(key_path(body, true), scan_path(body), "{name}");
         let n = best(|| key_path(black_box(body), true), batches);
         let sc = best(|| scan_path(black_box(body)), batches);
+        let df = best(|| default_path(black_box(body)), batches);
+        let so = best(
+            || {
+                let sc = extract::Scan::new(black_box(body));
+                u64::from(sc.meta().is_ok())
+            },
+            batches,
+        );
         let o = if serde {
             best(|| key_path(black_box(body), false), 10)
         } else {
@@ -108,14 +125,16 @@ fn probe() {
         };
         let mb = |t: f64| body.len() as f64 / t / 1e6;
         println!(
-            "{name:<28} {:>9} {:>9.1} {:>9.0} {:>9.1} {:>9.0} {:>9.1} {:>9.0}",
+            "{name:<28} {:>9} {:>9.1} {:>9.0} {:>9.1} {:>9.0} {:>9.1} {:>9.0} {:>9.1} {:>9.1}",
             body.len(),
             n * 1e6,
             mb(n),
             sc * 1e6,
             mb(sc),
             o * 1e6,
-            mb(o)
+            mb(o),
+            df * 1e6,
+            so * 1e6
         );
     }
 }
