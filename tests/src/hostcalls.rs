@@ -93,8 +93,14 @@ fn metric(samples: &[prom::Sample], name: &str) -> f64 {
 
 /// Host calls per request at each of `sizes` (each at least 4) configured
 /// hosts, `requests` requests each, with the filter config `base` merged
-/// over the committed one (`{}`: the default).
-pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<HostCalls>, String> {
+/// over the committed one (`{}`: the default). `gap_ms` between requests:
+/// 25 reads every request's load report, 0 (back to back) only the first's.
+pub fn measure(
+    sizes: &[usize],
+    requests: usize,
+    base: &Value,
+    gap_ms: u64,
+) -> Result<Vec<HostCalls>, String> {
     let mut lab = Lab::start(&LabOptions {
         label: "hostcalls".to_string(),
         backends: 4,
@@ -155,11 +161,12 @@ pub fn measure(sizes: &[usize], requests: usize, base: &Value) -> Result<Vec<Hos
             if r.status != 200 {
                 return Err(format!("{n} hosts, request {i}: {} {}", r.status, r.body));
             }
-            // Each request's report is read: a worker reads a host's at
-            // most every 20 ms (`REPORT_EVERY_MS`; 4 calls fewer when it
-            // does not), and a report stored in the same millisecond as
-            // the last, with the same values, is not written again.
-            std::thread::sleep(Duration::from_millis(25));
+            // At 25 ms each request's report is read: a worker reads a
+            // host's at most every 20 ms (`REPORT_EVERY_MS`; 4 calls fewer
+            // when it does not), and a report stored in the same
+            // millisecond as the last, with the same values, is not
+            // written again.
+            std::thread::sleep(Duration::from_millis(gap_ms));
         }
         // The gauge is set when a request's stream ends, just after its
         // response.

@@ -600,7 +600,7 @@ fn overhead(args: &OverheadArgs) -> Result<(), String> {
     if args.hostcalls_hosts != [0] {
         let patch: serde_json::Value = serde_json::from_str(&args.hostcalls_patch)
             .map_err(|e| format!("--hostcalls-patch: {e}"))?;
-        let rows = prefix_router_lab::hostcalls::measure(&args.hostcalls_hosts, 20, &patch)?;
+        let rows = prefix_router_lab::hostcalls::measure(&args.hostcalls_hosts, 20, &patch, 25)?;
         println!("{}", prefix_router_lab::hostcalls::table(&rows));
     }
     Ok(())

@@ -3705,7 +3705,7 @@ fn host_calls_per_request_are_the_same_at_4_64_and_1024_hosts() {
     let _g = serial();
     require_artifacts(true);
     for base in [json!({}), json!({"cost": {"mode": "off"}})] {
-        let rows = prefix_router_lab::hostcalls::measure(&[4, 64, 1024], 6, &base)
+        let rows = prefix_router_lab::hostcalls::measure(&[4, 64, 1024], 6, &base, 25)
             .unwrap_or_else(|e| panic!("{e}"));
         eprintln!("{base}\n{}", prefix_router_lab::hostcalls::table(&rows));
         let first = rows.first().cloned().unwrap_or_else(|| panic!("no rows"));
@@ -3721,5 +3721,21 @@ fn host_calls_per_request_are_the_same_at_4_64_and_1024_hosts() {
             assert_eq!(r.per_request, first.per_request, "{base}: {rows:?}");
             assert_eq!(r.requests, first.requests, "{base}: {rows:?}");
         }
+    }
+    // Back to back, a request whose host reported less than 20 ms ago on
+    // this worker does not read the report (`REPORT_EVERY_MS`): 4 calls
+    // fewer (the ORCA header, the report's read and write, a counter).
+    let gap = prefix_router_lab::hostcalls::measure(&[4], 6, &json!({}), 25)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let burst = prefix_router_lab::hostcalls::measure(&[4], 6, &json!({}), 0)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "25 ms apart:\n{}back to back:\n{}",
+        prefix_router_lab::hostcalls::table(&gap),
+        prefix_router_lab::hostcalls::table(&burst)
+    );
+    match (gap.first(), burst.first()) {
+        (Some(g), Some(b)) => assert_eq!(b.last + 4, g.last, "{gap:?} {burst:?}"),
+        _ => panic!("no rows: {gap:?} {burst:?}"),
     }
 }
