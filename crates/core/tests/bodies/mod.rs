@@ -48,6 +48,27 @@ pub fn plain_chat(total: usize) -> Vec<u8> {
     s.into_bytes()
 }
 
+/// A chat of about `total` bytes made of short turns, as in real human
+/// chats (the BYU Chit-Chat conversations of `/work/shared/traces`: median
+/// message 61 bytes, mean 89): turns of 14-200 bytes, cycling.
+pub fn short_turn_chat(total: usize) -> Vec<u8> {
+    let mut s = String::from(r#"{"model":"llama-3.1-8b","stream":true,"messages":["#);
+    s.push_str(r#"{"role":"system","content":"You are a friendly chat partner."}"#);
+    let lens = [61, 14, 120, 33, 200, 89, 47, 150, 25, 75];
+    let mut i = 0usize;
+    while s.len() + 260 < total {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let n = lens[i % lens.len()];
+        s.push_str(&format!(
+            r#",{{"role":"{role}","content":"{}"}}"#,
+            text(n, i as u64 + 7)
+        ));
+        i += 1;
+    }
+    s.push_str("]}");
+    s.into_bytes()
+}
+
 /// About 1 MiB each (the nesting one: 50,000 deep): a plain prompt for
 /// comparison, then the element-heavy bodies of issue 21 and the worst
 /// cases of canonical JSON (objects whose keys must be reordered).
@@ -123,13 +144,15 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
-/// The measured cases, named: plain chats of 1, 8, 64 and 256 KiB, then
+/// The measured cases, named: plain chats of 1, 8, 64 and 256 KiB, a
+/// chat of short turns (256 KiB), then
 /// [`adversarial`] (the throughput probe and the criterion bench share them).
 pub fn cases() -> Vec<(String, Vec<u8>)> {
     let mut cases: Vec<(String, Vec<u8>)> = [1usize << 10, 8 << 10, 64 << 10, 256 << 10]
         .iter()
         .map(|&n| (format!("plain_chat_{}KiB", n >> 10), plain_chat(n)))
         .collect();
+    cases.push(("short_turn_chat_256KiB".into(), short_turn_chat(256 << 10)));
     cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
     cases
 }
