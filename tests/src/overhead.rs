@@ -153,94 +153,63 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         ..BackendOptions::default()
     };
     let testbed = paths::testbed_wasm().map_err(|e| e.to_string())?;
+    // One worker each; the filter configs differ only in what is named.
+    let base = EnvoyOptions {
+        mode: EnvoyMode::PrefixRouter,
+        concurrency: 1,
+        log_level: "warn".into(),
+        ..EnvoyOptions::default()
+    };
+    let filter = |f: FilterConfig| EnvoyOptions {
+        filter: f,
+        ..base.clone()
+    };
+    let testbed_filter = |f: &str| EnvoyOptions {
+        filter: FilterConfig::Raw(f.into()),
+        wasm: Some(testbed.clone()),
+        ..base.clone()
+    };
     let mut configs: Vec<(&str, EnvoyOptions)> = vec![
         (
             "no-filter",
             EnvoyOptions {
                 mode: EnvoyMode::RoundRobin,
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
+                ..base.clone()
             },
         ),
-        (
-            "noop-wasm",
-            EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Raw("noop".into()),
-                wasm: Some(testbed.clone()),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
-            },
-        ),
-        (
-            "buffer-wasm",
-            EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Raw("buffer-body".into()),
-                wasm: Some(testbed.clone()),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
-            },
-        ),
+        ("noop-wasm", testbed_filter("noop")),
+        ("buffer-wasm", testbed_filter("buffer-body")),
         (
             // What Envoy does for any body router: ORCA format header, body
             // buffered, destination header set, decision header added.
             "skeleton-wasm",
             EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
                 filter: FilterConfig::RawFirstHost("skeleton".into()),
-                wasm: Some(testbed.clone()),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
+                ..testbed_filter("")
             },
         ),
+        // The bounded ring alone (`cost.mode: off`): key hash, ring walk,
+        // in-flight counters.
         (
-            // The bounded ring alone (`cost.mode: off`): key hash, ring walk, in-flight
-            // counters.
             "prefix-router-ring",
-            EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "off"}})),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
-            },
+            filter(FilterConfig::Patched(json!({"cost": {"mode": "off"}}))),
         ),
+        // The default, the priced spill: the ring's work plus the
+        // candidates' reports.
+        ("prefix-router", base.clone()),
+        // The index rule (`cost.mode: index`): shared-data index lookup
+        // and writes.
         (
-            // The default, the priced spill: the ring's work plus the candidates' reports.
-            "prefix-router",
-            EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
-            },
-        ),
-        (
-            // The index rule (`cost.mode: index`): shared-data index lookup and writes.
             "prefix-router-index",
-            EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
-                filter: FilterConfig::Patched(serde_json::json!({"cost": {"mode": "index"}})),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
-            },
+            filter(FilterConfig::Patched(json!({"cost": {"mode": "index"}}))),
         ),
     ];
     if let Some(w) = &opts.compare_wasm {
         configs.push((
             "prefix-router-compare",
             EnvoyOptions {
-                mode: EnvoyMode::PrefixRouter,
                 wasm: Some(w.clone()),
-                concurrency: 1,
-                log_level: "warn".into(),
-                ..EnvoyOptions::default()
+                ..base.clone()
             },
         ));
     }

@@ -1159,6 +1159,60 @@ mod tests {
         assert_eq!(c, PromptChain::default());
     }
 
+    /// Independent proxies whose configs list the same replicas in another
+    /// order decide alike: every decision names the same address, under
+    /// the same loads (given by address) and reports.
+    #[test]
+    fn proxies_listing_hosts_in_another_order_decide_alike() {
+        let addrs: Vec<String> = (0..7).map(|i| format!("10.0.0.{}:8000", i + 1)).collect();
+        let fwd: Vec<&str> = addrs.iter().map(|s| s.as_str()).collect();
+        let mut other = fwd.clone();
+        other.reverse();
+        other.rotate_left(3);
+        let a = Router::new(Config::with_hosts(&fwd).unwrap());
+        let b = Router::new(Config::with_hosts(&other).unwrap());
+        // Load by address: in-flight counts and a report at 1,000 ms.
+        let load_of = |addr: &str, round: u64| {
+            let k = addrs.iter().position(|x| x == addr).unwrap() as u64;
+            let inflight = (round * (k + 3)) % 13;
+            HostLoad {
+                inflight,
+                report: k.is_multiple_of(2).then_some(Report {
+                    queue: ((round + k) % 9) as f64,
+                    running: ((round * k) % 7) as f64,
+                    own: inflight,
+                    at_ms: 1_000,
+                }),
+                ..HostLoad::default()
+            }
+        };
+        let loads = |r: &Router, round: u64| -> Vec<HostLoad> {
+            r.config()
+                .hosts
+                .iter()
+                .map(|h| load_of(&h.address, round))
+                .collect()
+        };
+        let routed = |r: &Router, d: &Decision| match d {
+            Decision::Routed { host, .. } => r.config().hosts[*host].address.clone(),
+            Decision::Fallback(c) => panic!("fallback {c:?}"),
+        };
+        let mut moved = 0;
+        for round in 0..12u64 {
+            let (la, lb) = (loads(&a, round), loads(&b, round));
+            for t in 0..40 {
+                let body = chat(&format!("conversation {t}"), 1 + t % 4);
+                let da = decide(&a, Api::ChatCompletions, body.as_bytes(), None, &la, 1_200);
+                let db = decide(&b, Api::ChatCompletions, body.as_bytes(), None, &lb, 1_200);
+                assert_eq!(routed(&a, &da), routed(&b, &db), "round {round}, {t}");
+                moved += usize::from(da.outcome() != "hit");
+            }
+        }
+        // The loads do move some requests off their owners: the check
+        // covers the rule's moves, not only the ring.
+        assert!(moved > 0, "{moved}");
+    }
+
     #[test]
     fn cost_off_decides_by_the_ring() {
         let r = cost_router(5, "off");

@@ -62,6 +62,11 @@ fn default_path(body: &[u8]) -> u64 {
     s.key() ^ s.seen_bytes()
 }
 
+/// The checking scan alone (what every path pays first).
+fn check_only(body: &[u8]) -> u64 {
+    u64::from(extract::Scan::new(body).meta().is_ok())
+}
+
 /// Best time per call in seconds over `batches` batches of ~5 ms.
 fn best(mut f: impl FnMut() -> u64, batches: usize) -> f64 {
     let t = Instant::now();
@@ -111,13 +116,7 @@ fn probe() {
         let n = best(|| key_path(black_box(body), true), batches);
         let sc = best(|| scan_path(black_box(body)), batches);
         let df = best(|| default_path(black_box(body)), batches);
-        let so = best(
-            || {
-                let sc = extract::Scan::new(black_box(body));
-                u64::from(sc.meta().is_ok())
-            },
-            batches,
-        );
+        let so = best(|| check_only(black_box(body)), batches);
         let o = if serde {
             best(|| key_path(black_box(body), false), 10)
         } else {
@@ -144,13 +143,7 @@ fn probe() {
 fn probe_scan_only() {
     println!("{:<28} {:>9} {:>9}", "body", "scan µs", "all µs");
     for (name, body) in bodies::adversarial() {
-        let s = best(
-            || {
-                let sc = extract::Scan::new(black_box(&body));
-                u64::from(sc.meta().is_ok())
-            },
-            20,
-        );
+        let s = best(|| check_only(black_box(&body)), 20);
         let a = best(|| scan_path(black_box(&body)), 20);
         println!("{name:<28} {:>9.1} {:>9.1}", s * 1e6, a * 1e6);
     }
@@ -162,13 +155,7 @@ fn probe_files() {
     let files = std::env::var("PROBE_FILES").unwrap_or_default();
     for f in files.split(',').filter(|f| !f.is_empty()) {
         let body = std::fs::read(f).unwrap();
-        let s = best(
-            || {
-                let sc = extract::Scan::new(black_box(&body));
-                u64::from(sc.meta().is_ok())
-            },
-            20,
-        );
+        let s = best(|| check_only(black_box(&body)), 20);
         let a = best(|| scan_path(black_box(&body)), 20);
         let d = best(|| default_path(black_box(&body)), 20);
         println!(
