@@ -56,9 +56,9 @@ pub struct State {
     pub others_at: std::cell::Cell<Option<u64>>,
     /// The host's log level and when it was read (ms; [`State::log_enabled`]).
     pub log_level: std::cell::Cell<Option<(u32, u64)>>,
-    /// When this VM last stored each host's load report (ms, by host
-    /// index; [`State::report_due`]).
-    pub reported_at: std::cell::RefCell<Vec<u64>>,
+    /// When this VM last stored each host's load report
+    /// ([`State::report_due`]).
+    pub reported_at: std::cell::RefCell<ReportTimes>,
 }
 
 /// A VM stores a host's load report at most once per this many ms: the
@@ -69,31 +69,48 @@ pub struct State {
 /// `prefix-router-lab overhead`).
 pub const REPORT_EVERY_MS: u64 = 20;
 
+/// When this VM last stored each host's load report (ms, by host index;
+/// 0: never).
+#[derive(Debug, Default)]
+pub struct ReportTimes(Vec<u64>);
+
+impl ReportTimes {
+    /// Whether host `i`'s report should be read at `now` (ms): none
+    /// stored in the last [`REPORT_EVERY_MS`].
+    pub fn due(&self, i: usize, now: u64) -> bool {
+        self.0
+            .get(i)
+            .is_none_or(|&t| t == 0 || now >= t.saturating_add(REPORT_EVERY_MS))
+    }
+
+    /// Host `i`'s report was stored at `now` (ms).
+    pub fn mark(&mut self, i: usize, now: u64) {
+        if self.0.len() <= i {
+            self.0.resize(i + 1, 0);
+        }
+        if let Some(t) = self.0.get_mut(i) {
+            *t = now.max(1);
+        }
+    }
+}
+
 /// How long a VM trusts the log level it read (ms): a request reads it
 /// again, with a clock it reads anyway, once it is older.
 pub const LOG_LEVEL_TTL_MS: u64 = 1000;
 
 impl State {
-    /// Whether host `i`'s report should be read at `now` (ms): this VM
-    /// stored none in the last [`REPORT_EVERY_MS`].
+    /// Whether host `i`'s report should be read at `now` (ms)
+    /// ([`ReportTimes::due`]).
     pub fn report_due(&self, i: usize, now: u64) -> bool {
-        match self.reported_at.try_borrow() {
-            Ok(at) => at
-                .get(i)
-                .is_none_or(|&t| t == 0 || now >= t.saturating_add(REPORT_EVERY_MS)),
-            Err(_) => true,
-        }
+        self.reported_at
+            .try_borrow()
+            .map_or(true, |t| t.due(i, now))
     }
 
     /// Host `i`'s report was stored at `now` (ms).
     pub fn mark_reported(&self, i: usize, now: u64) {
-        if let Ok(mut at) = self.reported_at.try_borrow_mut() {
-            if at.len() <= i {
-                at.resize(i + 1, 0);
-            }
-            if let Some(t) = at.get_mut(i) {
-                *t = now.max(1);
-            }
+        if let Ok(mut t) = self.reported_at.try_borrow_mut() {
+            t.mark(i, now);
         }
     }
 
@@ -214,7 +231,7 @@ impl Root {
             others: std::cell::Cell::new(old.others.get()),
             others_at: std::cell::Cell::new(None),
             log_level: std::cell::Cell::new(old.log_level.get()),
-            reported_at: std::cell::RefCell::new(Vec::new()),
+            reported_at: std::cell::RefCell::new(ReportTimes::default()),
         });
         self.state = Some(state);
     }
@@ -482,7 +499,7 @@ impl RootContext for Root {
                     others: std::cell::Cell::new(0),
                     others_at: std::cell::Cell::new(None),
                     log_level: std::cell::Cell::new(None),
-                    reported_at: std::cell::RefCell::new(Vec::new()),
+                    reported_at: std::cell::RefCell::new(ReportTimes::default()),
                 });
                 let now = host::now_ms().unwrap_or(0);
                 // The log level as of now, so that requests find it known.
@@ -558,5 +575,27 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_report_is_due_once_per_interval() {
+        let mut t = ReportTimes::default();
+        // Never stored: due, whatever the host or the clock.
+        assert!(t.due(0, 0) && t.due(7, 5));
+        t.mark(3, 1_000);
+        assert!(!t.due(3, 1_000));
+        assert!(!t.due(3, 1_000 + REPORT_EVERY_MS - 1));
+        assert!(t.due(3, 1_000 + REPORT_EVERY_MS));
+        // Other hosts are unaffected (the table grew past them).
+        assert!(t.due(0, 1_000) && t.due(2, 1_000) && t.due(4, 1_000));
+        // A clock at 0 still marks the host as stored.
+        t.mark(0, 0);
+        assert!(!t.due(0, REPORT_EVERY_MS - 1));
+        assert!(t.due(0, REPORT_EVERY_MS + 1));
     }
 }
