@@ -226,6 +226,12 @@ struct DemoArgs {
     /// cache_aware, round_robin, power_of_two or random
     #[arg(long, value_name = "P[,P..]", value_delimiter = ',', value_parser = sglang_policy)]
     sglang: Vec<String>,
+    /// Real users' turns instead of generated ones: a ShareGPT JSON file (gzipped or not, e.g.
+    /// /work/shared/traces/chitchat_sharegpt_format.json.gz); conversation i takes the i-th
+    /// chat's user messages, at most --turns of them; system prompts, pauses and the assistant's
+    /// replies (the backends') as without it
+    #[arg(long, value_name = "FILE")]
+    sharegpt: Option<std::path::PathBuf>,
 }
 
 /// The demo, as its flags ask.
@@ -243,6 +249,8 @@ struct Demo {
     gossip: bool,
     /// `--load-gossip`: and their pending prefill.
     load_gossip: bool,
+    /// `--sharegpt`: real users' turns.
+    sharegpt: Option<std::path::PathBuf>,
 }
 
 impl DemoArgs {
@@ -282,6 +290,7 @@ impl DemoArgs {
             proxies: self.proxies,
             gossip,
             load_gossip: self.load_gossip,
+            sharegpt: self.sharegpt.clone(),
         })
     }
 }
@@ -442,10 +451,11 @@ fn run_one(
     let report = if n == 1 {
         if let Ok(e) = lab.envoy() {
             println!(
-                "   Envoy listener {} admin {}; running {} conversations x {} turns, {} at once",
+                "   Envoy listener {} admin {}; running {} conversations ({} requests, at most {} turns each), {} at once",
                 e.url(""),
                 e.admin_url(""),
                 workload.opts.conversations,
+                workload.total_requests(),
                 workload.opts.turns,
                 workload.opts.concurrency
             );
@@ -460,9 +470,10 @@ fn run_one(
             .map_err(|e| e.to_string())?;
         let urls: Vec<String> = envoys.iter().map(|e| e.url("")).collect();
         println!(
-            "   Envoys {}; running {} conversations x {} turns, {} at once, turns alternating",
+            "   Envoys {}; running {} conversations ({} requests, at most {} turns each), {} at once, turns alternating",
             urls.join(" "),
             workload.opts.conversations,
+            workload.total_requests(),
             workload.opts.turns,
             workload.opts.concurrency
         );
@@ -481,7 +492,15 @@ fn run_one(
 
 fn demo(args: &DemoArgs) -> Result<(), String> {
     let args = args.demo()?;
-    let workload = Workload::generate(args.workload.clone());
+    let mut workload = Workload::generate(args.workload.clone());
+    if let Some(p) = &args.sharegpt {
+        let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let chats = prefix_router_lab::workload::sharegpt_user_turns(&bytes)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+        workload = workload
+            .with_user_messages(&chats)
+            .map_err(|e| format!("{}: {e}", p.display()))?;
+    }
     let with_filter = run_one(
         EnvoyMode::PrefixRouter,
         EnvoyMode::PrefixRouter.label(),
@@ -554,9 +573,10 @@ fn run_sglang(policy: &str, args: &Demo, workload: &Workload) -> Result<Report, 
     }
     let urls: Vec<String> = routers.iter().map(|r| r.url("")).collect();
     println!(
-        "   sglang-router {}; running {} conversations x {} turns, {} at once",
+        "   sglang-router {}; running {} conversations ({} requests, at most {} turns each), {} at once",
         urls.join(" "),
         workload.opts.conversations,
+        workload.total_requests(),
         workload.opts.turns,
         workload.opts.concurrency
     );

@@ -80,6 +80,40 @@ pub struct WorkloadOptions {
     pub first_message_bytes: (usize, usize),
 }
 
+/// The user turns of ShareGPT-shaped chats (`[{"conversations": [{"from",
+/// "value"}]}]`, gzipped or not, as in `/work/shared/traces`): each chat's
+/// `human` / `user` messages in order; chats without one are left out.
+pub fn sharegpt_user_turns(bytes: &[u8]) -> Result<Vec<Vec<String>>, String> {
+    let mut text = Vec::new();
+    let json: &[u8] = if bytes.starts_with(&[0x1f, 0x8b]) {
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(bytes), &mut text)
+            .map_err(|e| format!("gzip: {e}"))?;
+        &text
+    } else {
+        bytes
+    };
+    let v: Value = serde_json::from_slice(json).map_err(|e| format!("not JSON: {e}"))?;
+    let chats = v
+        .as_array()
+        .ok_or("not ShareGPT: expected [{\"conversations\": [{\"from\", \"value\"}]}]")?;
+    Ok(chats
+        .iter()
+        .filter_map(|c| c.get("conversations").and_then(Value::as_array))
+        .map(|turns| {
+            turns
+                .iter()
+                .filter(|m| {
+                    m.get("from").and_then(Value::as_str).is_some_and(|f| {
+                        f.eq_ignore_ascii_case("human") || f.eq_ignore_ascii_case("user")
+                    })
+                })
+                .filter_map(|m| m.get("value").and_then(Value::as_str).map(str::to_string))
+                .collect::<Vec<_>>()
+        })
+        .filter(|t| !t.is_empty())
+        .collect())
+}
+
 /// Backend KV-cache capacity (tokens per replica) that the default workload is sized for: a
 /// replica holds about its quarter of the 50 conversations, the four replicas about all of them.
 /// See the module docs; `prefix-router-lab demo` and the e2e stickiness test use it.
@@ -410,6 +444,31 @@ impl Workload {
         }
     }
 
+    /// The same workload with real users' messages: conversation `i` takes
+    /// `chats[i]` as its user turns (at most as many turns as it had, fewer
+    /// if the chat is shorter); think times, start delays and system
+    /// prompts stay as generated. The assistant's replies come from the
+    /// backends, as always. Errors if there are fewer chats than
+    /// conversations or a chat has no message.
+    pub fn with_user_messages(mut self, chats: &[Vec<String>]) -> Result<Workload, String> {
+        if chats.len() < self.conversations.len() {
+            return Err(format!(
+                "{} chats for {} conversations",
+                chats.len(),
+                self.conversations.len()
+            ));
+        }
+        for (c, msgs) in self.conversations.iter_mut().zip(chats) {
+            if msgs.is_empty() {
+                return Err(format!("chat {} has no user message", c.id));
+            }
+            let n = c.user_messages.len().min(msgs.len());
+            c.user_messages = msgs.iter().take(n).cloned().collect();
+            c.think.truncate(n);
+        }
+        Ok(self)
+    }
+
     pub fn total_requests(&self) -> usize {
         self.conversations
             .iter()
@@ -722,6 +781,53 @@ mod tests {
             turns: 3,
             ..WorkloadOptions::default()
         }
+    }
+
+    #[test]
+    fn real_chats_replace_the_user_turns() {
+        let json = br#"[
+            {"id": "a", "conversations": [{"from": "human", "value": "Hello?"},
+                {"from": "gpt", "value": "Hi!"}, {"from": "human", "value": "How are you?"},
+                {"from": "gpt", "value": "Fine."}, {"from": "human", "value": "Bye"},
+                {"from": "human", "value": "Really"}]},
+            {"id": "b", "conversations": [{"from": "gpt", "value": "only an answer"}]},
+            {"id": "c", "conversations": [{"from": "User", "value": "One"}]},
+            {"id": "d"}
+        ]"#;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, json).unwrap();
+        let gz = gz.finish().unwrap();
+        let plain = sharegpt_user_turns(json).unwrap();
+        assert_eq!(sharegpt_user_turns(&gz).unwrap(), plain);
+        assert_eq!(
+            plain,
+            vec![vec!["Hello?", "How are you?", "Bye", "Really"], vec!["One"]]
+        );
+        let two = WorkloadOptions {
+            conversations: 2,
+            ..small()
+        };
+        let w = Workload::generate(two.clone())
+            .with_user_messages(&plain)
+            .unwrap();
+        // At most the generated turns (3); fewer when the chat is shorter.
+        assert_eq!(
+            w.conversations[0].user_messages,
+            vec!["Hello?", "How are you?", "Bye"]
+        );
+        assert_eq!(w.conversations[0].think.len(), 3);
+        assert_eq!(w.conversations[1].user_messages, vec!["One"]);
+        assert_eq!(w.conversations[1].think.len(), 1);
+        assert_eq!(w.total_requests(), 4);
+        let three = WorkloadOptions {
+            conversations: 3,
+            ..small()
+        };
+        assert!(Workload::generate(three)
+            .with_user_messages(&plain)
+            .is_err());
+        assert!(sharegpt_user_turns(b"{}").is_err());
+        assert!(sharegpt_user_turns(b"[oops").is_err());
     }
 
     #[test]
