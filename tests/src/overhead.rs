@@ -164,8 +164,8 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         filter: f,
         ..base.clone()
     };
-    let testbed_filter = |f: &str| EnvoyOptions {
-        filter: FilterConfig::Raw(f.into()),
+    let testbed_filter = |f: FilterConfig| EnvoyOptions {
+        filter: f,
         wasm: Some(testbed.clone()),
         ..base.clone()
     };
@@ -177,16 +177,19 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
                 ..base.clone()
             },
         ),
-        ("noop-wasm", testbed_filter("noop")),
-        ("buffer-wasm", testbed_filter("buffer-body")),
         (
-            // What Envoy does for any body router: ORCA format header, body
-            // buffered, destination header set, decision header added.
+            "noop-wasm",
+            testbed_filter(FilterConfig::Raw("noop".into())),
+        ),
+        (
+            "buffer-wasm",
+            testbed_filter(FilterConfig::Raw("buffer-body".into())),
+        ),
+        // What Envoy does for any body router: ORCA format header, body
+        // buffered, destination header set, decision header added.
+        (
             "skeleton-wasm",
-            EnvoyOptions {
-                filter: FilterConfig::RawFirstHost("skeleton".into()),
-                ..testbed_filter("")
-            },
+            testbed_filter(FilterConfig::RawFirstHost("skeleton".into())),
         ),
         // The bounded ring alone (`cost.mode: off`): key hash, ring walk,
         // in-flight counters.
@@ -251,7 +254,8 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
     out.push_str("| body | no-filter p50 / p90 | noop-wasm p50 / p90 | buffer-wasm p50 / p90 | skeleton-wasm p50 / p90 | prefix-router-ring p50 / p90 | prefix-router (default) p50 / p90 | prefix-router-index-all p50 / p90 | default - noop (p50) | skeleton - noop (p50) | default - skeleton (p50) | ring - noop (p50) | index-all - ring (p50) | noop - no-filter (p50) |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let at = |name: &str| configs.iter().position(|(n, _)| *n == name).unwrap_or(0);
-    let (none, noop, buffer, skeleton, ring, default, index) = (
+    let has_compare = opts.compare_wasm.is_some();
+    let (none, noop, buffer, skeleton, ring, default, index, compare) = (
         at("no-filter"),
         at("noop-wasm"),
         at("buffer-wasm"),
@@ -259,6 +263,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
         at("prefix-router-ring"),
         at("prefix-router"),
         at("prefix-router-index"),
+        at("prefix-router-compare"),
     );
     let mut compared = String::new();
     for &size in &opts.sizes {
@@ -310,7 +315,7 @@ pub fn run(opts: &OverheadOptions) -> Result<String, String> {
             diff(index, ring),
             diff(noop, none),
         ));
-        if let (Some(c50), Some(c90)) = (p50.get(7), p90.get(7)) {
+        if let (true, Some(c50), Some(c90)) = (has_compare, p50.get(compare), p90.get(compare)) {
             compared.push_str(&format!(
                 "| {:.1} KB | {:.0} / {:.0} us | {:.0} / {:.0} us | {:+.0} us | {:+.0} us | {:+.0} us |\n",
                 actual as f64 / 1000.0,

@@ -222,6 +222,10 @@ fn wrk(
 }
 
 /// Runs the measurement and returns the printed table.
+/// The rows the summary line compares with round robin.
+const DEFAULT_ROW: &str = "prefix-router (default)";
+const SKELETON_ROW: &str = "skeleton-wasm (steers, no routing)";
+
 pub fn run(opts: &CpuOptions) -> Result<String, String> {
     let wrk_bin = paths::wrk_bin().map_err(|e| e.to_string())?;
     let backend = BackendOptions {
@@ -252,14 +256,14 @@ pub fn run(opts: &CpuOptions) -> Result<String, String> {
             },
         ),
         (
-            "skeleton-wasm (steers, no routing)".into(),
+            SKELETON_ROW.into(),
             EnvoyOptions {
                 filter: FilterConfig::RawFirstHost("skeleton".into()),
                 wasm: Some(testbed),
                 ..base.clone()
             },
         ),
-        ("prefix-router (default)".into(), base.clone()),
+        (DEFAULT_ROW.into(), base.clone()),
         (
             "prefix-router-ring (cost off)".into(),
             EnvoyOptions {
@@ -362,8 +366,8 @@ pub fn run(opts: &CpuOptions) -> Result<String, String> {
     };
     out.push_str(&format!(
         "\ndefault / round robin: {:.2}x (target <= 1.2x); skeleton / round robin: {:.2}x\n",
-        of("prefix-router (default)") / rr,
-        of("skeleton-wasm (steers, no routing)") / rr
+        of(DEFAULT_ROW) / rr,
+        of(SKELETON_ROW) / rr
     ));
     Ok(out)
 }

@@ -458,7 +458,6 @@ impl Http {
             }
         }
         let Some(q) = queue else { return };
-        let at_ms = now;
         // The pending prefill tokens this request holds there are released
         // in the same update.
         let release = match &self.pending {
@@ -467,8 +466,7 @@ impl Http {
         };
         // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
-        match host_state::record_report_releasing(&SharedData, &served, q, running, at_ms, release)
-        {
+        match host_state::record_report_releasing(&SharedData, &served, q, running, now, release) {
             Ok(()) => {
                 if release > 0 {
                     self.pending = None;
