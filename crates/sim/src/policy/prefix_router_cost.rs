@@ -207,7 +207,7 @@ impl Params {
             .cost;
         // The rules' constants, which the filter does not let an operator
         // change (`cost` has five knobs): the simulator varies them to
-        // measure the alternatives (BENCHMARKS.md, "Constants").
+        // measure the alternatives (docs/design.md, "Constants").
         self.override_constants(&mut cost)?;
         Ok(Config { cost, ..base })
     }
