@@ -144,9 +144,10 @@ impl Default for RawKey {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLoad {
-    /// Value of the `endpoint-load-metrics-format` header added to routed
-    /// requests, asking the replica (vLLM) for an ORCA load report in its
-    /// response. Null: do not ask.
+    /// Value of the `endpoint-load-metrics-format` header added to a routed
+    /// request, asking the replica (vLLM) for an ORCA load report in its
+    /// response; a worker asks each host at most once per 20 ms. Null: do
+    /// not ask.
     /// Allowed: `"TEXT"`, `"JSON"` (any case), null.
     #[serde(default = "d_orca_format")]
     pub orca_format: Option<String>,

@@ -317,6 +317,13 @@ impl Http {
             self.host_error("setting the destination header", e);
             return Err(FallbackCause::HostError);
         }
+        // A load report, where this VM will read it: not asked of this host
+        // in the last `REPORT_EVERY_MS` (`State::ask_due`).
+        if let Some(f) = cfg.load.orca_format.filter(|_| st.ask_due(idx, now)) {
+            if let Err(e) = host::set_request_header(ORCA_FORMAT_HEADER, Some(f.as_str())) {
+                self.host_error("asking for an ORCA report", e);
+            }
+        }
         // The index rule with `queue = tokens`: the prefill this request
         // adds at the host (its prompt minus what the index credited the
         // host with), counted in the same update as the in-flight count.
@@ -854,11 +861,6 @@ impl Http {
         }
         if let Some(h) = &cfg.key.session_header {
             self.session = self.header(&heads, h);
-        }
-        if let Some(f) = cfg.load.orca_format {
-            if let Err(e) = host::set_request_header(ORCA_FORMAT_HEADER, Some(f.as_str())) {
-                self.host_error("asking for an ORCA report", e);
-            }
         }
         self.api = Some(api);
         Action::Pause

@@ -59,14 +59,17 @@ pub struct State {
     /// When this VM last stored each host's load report
     /// ([`State::report_due`]).
     pub reported_at: std::cell::RefCell<ReportTimes>,
+    /// When this VM last asked each host for one ([`State::ask_due`]).
+    pub asked_at: std::cell::RefCell<ReportTimes>,
 }
 
-/// A VM stores a host's load report at most once per this many ms: the
+/// A VM asks a host for its load report (the ORCA format header on a
+/// request routed there) and stores one at most once per this many ms: the
 /// rule reads a queue that changes over a request's service time, and
 /// the simulator's replicas report every 50 ms. A response that comes
 /// sooner is not read for its report (skipping its ORCA header read, parse
 /// and shared-data update saved 7-10 us of proxy CPU a request under load,
-/// `prefix-router-lab overhead`).
+/// `prefix-router-lab overhead`), and a request sent sooner does not ask.
 pub const REPORT_EVERY_MS: u64 = 20;
 
 /// When this VM last stored each host's load report (ms, by host index;
@@ -112,6 +115,20 @@ impl State {
         if let Ok(mut t) = self.reported_at.try_borrow_mut() {
             t.mark(i, now);
         }
+    }
+
+    /// Whether a request routed to host `i` at `now` (ms) asks for its
+    /// report: none asked in the last [`REPORT_EVERY_MS`]; if so, marked
+    /// as asked.
+    pub fn ask_due(&self, i: usize, now: u64) -> bool {
+        let Ok(mut t) = self.asked_at.try_borrow_mut() else {
+            return true;
+        };
+        let due = t.due(i, now);
+        if due {
+            t.mark(i, now);
+        }
+        due
     }
 
     /// Whether `level` would be logged (to skip formatting debug lines),
@@ -232,6 +249,7 @@ impl Root {
             others_at: std::cell::Cell::new(None),
             log_level: std::cell::Cell::new(old.log_level.get()),
             reported_at: std::cell::RefCell::new(ReportTimes::default()),
+            asked_at: std::cell::RefCell::new(ReportTimes::default()),
         });
         self.state = Some(state);
     }
@@ -500,6 +518,7 @@ impl RootContext for Root {
                     others_at: std::cell::Cell::new(None),
                     log_level: std::cell::Cell::new(None),
                     reported_at: std::cell::RefCell::new(ReportTimes::default()),
+                    asked_at: std::cell::RefCell::new(ReportTimes::default()),
                 });
                 let now = host::now_ms().unwrap_or(0);
                 // The log level as of now, so that requests find it known.
