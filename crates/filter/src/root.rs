@@ -72,8 +72,8 @@ pub struct State {
 /// `prefix-router-lab overhead`), and a request sent sooner does not ask.
 pub const REPORT_EVERY_MS: u64 = 20;
 
-/// When this VM last stored each host's load report (ms, by host index;
-/// 0: never).
+/// When this VM last stored (or, in [`State::asked_at`], asked for) each
+/// host's load report (ms, by host index; 0: never).
 #[derive(Debug, Default)]
 pub struct ReportTimes(Vec<u64>);
 
