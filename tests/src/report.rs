@@ -22,6 +22,9 @@ pub struct Report {
     pub client_cached_ratio: Option<f64>,
     /// Share of turns served by their conversation's majority replica.
     pub majority_share: f64,
+    /// Conversations whose majority replica each replica is, every replica listed (ties go to
+    /// the replica named first).
+    pub homes: BTreeMap<String, usize>,
     pub ttft_p50: Option<Duration>,
     pub ttft_p90: Option<Duration>,
     pub latency_p50: Option<Duration>,
@@ -65,8 +68,8 @@ pub fn quantile_us(values: &[f64], q: f64) -> Option<f64> {
     Some(h.value_at_quantile(q.clamp(0.0, 1.0)) as f64)
 }
 
-/// Share of turns served by their conversation's majority replica (failed turns count as not).
-pub fn majority_share(run: &RunResult) -> f64 {
+/// Per conversation: its turns, and its successful turns per replica.
+fn per_conversation(run: &RunResult) -> BTreeMap<usize, (usize, BTreeMap<&str, usize>)> {
     let mut per_conv: BTreeMap<usize, (usize, BTreeMap<&str, usize>)> = BTreeMap::new();
     for r in &run.records {
         let e = per_conv.entry(r.conversation).or_default();
@@ -75,6 +78,25 @@ pub fn majority_share(run: &RunResult) -> f64 {
             *e.1.entry(b).or_default() += 1;
         }
     }
+    per_conv
+}
+
+/// Conversations per majority replica (ties: the replica named first), every one of
+/// `replicas` listed.
+pub fn homes(run: &RunResult, replicas: &[String]) -> BTreeMap<String, usize> {
+    let mut out: BTreeMap<String, usize> = replicas.iter().map(|r| (r.clone(), 0)).collect();
+    for (_, m) in per_conversation(run).values() {
+        let top = m.values().copied().max().unwrap_or(0);
+        if let Some((b, _)) = m.iter().find(|(_, &n)| n == top && n > 0) {
+            *out.entry(b.to_string()).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Share of turns served by their conversation's majority replica (failed turns count as not).
+pub fn majority_share(run: &RunResult) -> f64 {
+    let per_conv = per_conversation(run);
     let total: usize = per_conv.values().map(|(n, _)| n).sum();
     let on_majority: usize = per_conv
         .values()
@@ -161,6 +183,7 @@ impl Report {
                 .map(|c| c.hits / c.queries),
             client_cached_ratio: (have_usage && prompt > 0).then(|| cached as f64 / prompt as f64),
             majority_share: majority_share(run),
+            homes: homes(run, replicas),
             ttft_p50: quantile(&ttfts, 0.5),
             ttft_p90: quantile(&ttfts, 0.9),
             latency_p50: quantile(&lats, 0.5),
@@ -205,6 +228,14 @@ impl Report {
                 pct(Some(self.majority_share)),
             ),
             ("requests per replica".into(), per.join(" ")),
+            (
+                "conversations per majority replica".into(),
+                self.homes
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
             (
                 "max / mean requests per replica".into(),
                 format!("{} / {:.1}", self.max_per_replica, self.mean_per_replica),
@@ -342,6 +373,8 @@ mod tests {
             }),
         );
         assert_eq!(r.per_replica.get("r4"), Some(&0));
+        let homes: Vec<(&str, usize)> = r.homes.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(homes, [("r1", 1), ("r2", 0), ("r3", 1), ("r4", 0)]);
         assert_eq!(r.per_replica.get("r3"), Some(&3));
         assert_eq!(r.max_per_replica, 3);
         assert!((r.mean_per_replica - 1.5).abs() < 1e-9);
