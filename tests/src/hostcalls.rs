@@ -161,9 +161,9 @@ pub fn measure(
             if r.status != 200 {
                 return Err(format!("{n} hosts, request {i}: {} {}", r.status, r.body));
             }
-            // At 25 ms each request's report is read: a worker reads a
-            // host's at most every 20 ms (`REPORT_EVERY_MS`; 4 calls fewer
-            // when it does not), and a report stored in the same
+            // At 25 ms each request asks for and reads its report: a worker
+            // does both at most every 20 ms per host (`REPORT_EVERY_MS`; 5
+            // calls fewer when it does not), and a report stored in the same
             // millisecond as the last, with the same values, is not
             // written again.
             std::thread::sleep(Duration::from_millis(gap_ms));

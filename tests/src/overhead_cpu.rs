@@ -221,11 +221,11 @@ fn wrk(
     Ok(c)
 }
 
-/// Runs the measurement and returns the printed table.
 /// The rows the summary line compares with round robin.
 const DEFAULT_ROW: &str = "prefix-router (default)";
 const SKELETON_ROW: &str = "skeleton-wasm (steers, no routing)";
 
+/// Runs the measurement and returns the printed table.
 pub fn run(opts: &CpuOptions) -> Result<String, String> {
     let wrk_bin = paths::wrk_bin().map_err(|e| e.to_string())?;
     let backend = BackendOptions {

@@ -86,6 +86,15 @@ impl ReportTimes {
             .is_none_or(|&t| t == 0 || now >= t.saturating_add(REPORT_EVERY_MS))
     }
 
+    /// [`ReportTimes::due`], marking host `i` at `now` when it is.
+    pub fn take(&mut self, i: usize, now: u64) -> bool {
+        let due = self.due(i, now);
+        if due {
+            self.mark(i, now);
+        }
+        due
+    }
+
     /// Host `i`'s report was stored at `now` (ms).
     pub fn mark(&mut self, i: usize, now: u64) {
         if self.0.len() <= i {
@@ -121,14 +130,9 @@ impl State {
     /// report: none asked in the last [`REPORT_EVERY_MS`]; if so, marked
     /// as asked.
     pub fn ask_due(&self, i: usize, now: u64) -> bool {
-        let Ok(mut t) = self.asked_at.try_borrow_mut() else {
-            return true;
-        };
-        let due = t.due(i, now);
-        if due {
-            t.mark(i, now);
-        }
-        due
+        self.asked_at
+            .try_borrow_mut()
+            .map_or(true, |mut t| t.take(i, now))
     }
 
     /// Whether `level` would be logged (to skip formatting debug lines),
@@ -616,5 +620,11 @@ mod tests {
         t.mark(0, 0);
         assert!(!t.due(0, REPORT_EVERY_MS - 1));
         assert!(t.due(0, REPORT_EVERY_MS + 1));
+        // Asking: due once per interval, marked when due.
+        let mut a = ReportTimes::default();
+        assert!(a.take(2, 500));
+        assert!(!a.take(2, 500 + REPORT_EVERY_MS - 1));
+        assert!(a.take(2, 500 + REPORT_EVERY_MS));
+        assert!(!a.take(2, 500 + REPORT_EVERY_MS));
     }
 }
