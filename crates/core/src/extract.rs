@@ -65,8 +65,8 @@ use std::borrow::Cow;
 use crate::hash;
 use crate::json_stream::{
     colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number,
-    skip_number_fast, skip_value, str_is, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut,
-    Staging, StrOut, STAGE,
+    skip_number_fast, skip_value, str_is, text_part_head, ws, Canon, Fail, Frames, NoOut, Put, Res,
+    SmallOut, Staging, StrOut, STAGE,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -1189,6 +1189,14 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let (mut text_kind, mut kind_seen) = (true, false);
         let (mut text, mut streamed) = (None, false);
         let mut m = Members::open(b, i, PART_FIELDS, true)?;
+        if let Some(at) = text_part_head(b, i) {
+            // A text part as clients open it
+            // ([`crate::json_stream::TEXT_PART_HEAD`]): its text straight
+            // to the stream, then any further members as below.
+            m.i = decode_str(b, at, true, &mut self.out)?;
+            (m.first, m.seen, kind_seen, streamed) = (false, 0b11, true, true);
+            text = Some(at - 1);
+        }
         while let Some((id, v)) = m.next(b)? {
             let v = ws(b, v);
             m.i = match id {

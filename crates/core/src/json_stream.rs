@@ -505,6 +505,19 @@ impl Frames {
     }
 }
 
+/// How clients open a chat text part, `type` then `text`, written compactly
+/// (JSON.stringify, serde, httpx since 0.28). The walks of content parts
+/// (the extractor's parts) take such a part's first two members without a
+/// member walk.
+pub const TEXT_PART_HEAD: &[u8; 23] = br#"{"type":"text","text":""#;
+
+/// The index after [`TEXT_PART_HEAD`] (inside the text's string) if `b`
+/// has it at `i`.
+#[inline]
+pub fn text_part_head(b: &[u8], i: usize) -> Option<usize> {
+    (b.get(i..)?.first_chunk::<23>() == Some(TEXT_PART_HEAD)).then_some(i + 23)
+}
+
 /// Skip one value (leading whitespace first), as serde's `ignore_value`
 /// (with `utf8`: as a `RawValue`, whose bytes must be UTF-8). Any depth.
 /// Returns the index after the value.

@@ -644,6 +644,50 @@ fn element_fast_paths() {
     }
 }
 
+/// Text parts as clients open them (the compact form and Python's
+/// separators, taken without the member walk) give the reference's bytes
+/// and errors, whatever follows the text.
+#[test]
+fn text_part_fast_path() {
+    let heads = [r#"{"type":"text","text":"#, r#"{"type": "text", "text": "#];
+    let texts = [
+        r#""a""#,
+        r#""""#,
+        r#""\u00e9 \"q\" \ud83d\ude00""#,
+        r#""é""#,
+        r#""\x""#,
+        r#""open"#,
+    ];
+    let tails = [
+        "}",
+        " }",
+        r#","cache_control":{"type":"ephemeral"}}"#,
+        r#", "x": [1, {"y": null}] }"#,
+        r#","text":"b"}"#,
+        r#","type":"image"}"#,
+        r#","type":null}"#,
+        ",}",
+        "",
+    ];
+    for head in heads {
+        for text in texts {
+            for tail in tails {
+                let part = format!("{head}{text}{tail}");
+                for content in [
+                    format!("[{part}]"),
+                    format!("[{part},{part}]"),
+                    format!("[{{}}, {part}]"),
+                ] {
+                    let body = format!(
+                        r#"{{"messages":[{{"role":"user","content":{content}}},{{"role":"assistant","content":"x"}}]}}"#
+                    );
+                    check_all(body.as_bytes());
+                }
+            }
+        }
+    }
+}
+
 /// Two-member objects (ordered by one comparison): every order, duplicate
 /// keys however spelled, and `cache_control`, as the reference writes them.
 #[test]

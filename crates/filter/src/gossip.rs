@@ -202,7 +202,7 @@ pub fn apply(st: &State, g: &GossipConfig, body: &[u8], now: u64) -> Result<Appl
     } = gossip::decode_batch(body)?;
     if fp != g.fingerprint {
         return Err(GossipError(format!(
-            "fingerprint {fp:#x} is not this filter's {:#x}: peers must use the same chunk_bytes and prefix-router version (index stride and dense boundaries)",
+            "fingerprint {fp:#x} is not this filter's {:#x}: peers must use the same chunk_bytes and prefix-router version",
             g.fingerprint
         )));
     }

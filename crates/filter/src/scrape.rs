@@ -291,7 +291,7 @@ impl Scraper {
             metrics,
             metrics.forget_flushed,
             &format!(
-                "hit {grown:.0} tokens around an interval in which the index credited it with {credited}: its cache was flushed"
+                "hit {grown:.0} tokens in an interval the index credited with {credited}: cache flushed"
             ),
         );
     }
