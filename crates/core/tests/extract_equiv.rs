@@ -644,9 +644,9 @@ fn element_fast_paths() {
     }
 }
 
-/// Text parts as clients open them (the compact form and Python's
-/// separators, taken without the member walk) give the reference's bytes
-/// and errors, whatever follows the text.
+/// Text parts as clients open them give the reference's bytes and errors,
+/// whatever follows the text: the compact form (taken without the member
+/// walk, `json_stream::TEXT_PART_HEAD`) and Python's separators.
 #[test]
 fn text_part_fast_path() {
     let heads = [r#"{"type":"text","text":"#, r#"{"type": "text", "text": "#];
