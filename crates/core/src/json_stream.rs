@@ -506,9 +506,8 @@ impl Frames {
 }
 
 /// How clients open a chat text part, `type` then `text`, written compactly
-/// (JSON.stringify, serde, httpx since 0.28). The walks of content parts
-/// (the extractor's parts) take such a part's first two members without a
-/// member walk.
+/// (JSON.stringify, serde). The extractor takes such a part's first two
+/// members without its member walk.
 pub const TEXT_PART_HEAD: &[u8; 23] = br#"{"type":"text","text":""#;
 
 /// The index after [`TEXT_PART_HEAD`] (inside the text's string) if `b`

@@ -285,7 +285,7 @@ impl Root {
                     st.metrics.inc(st.metrics.forget_hosts, 1);
                     host::log(
                         LogLevel::Info,
-                        "prefix-router: membership is off and numbers hosts otherwise: the shared prefix index forgot every host",
+                        "prefix-router: host numbering changed (membership off): the shared prefix index forgot every host",
                     );
                 }
                 Err(e) => host::log(
