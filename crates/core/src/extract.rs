@@ -64,9 +64,9 @@ use std::borrow::Cow;
 
 use crate::hash;
 use crate::json_stream::{
-    colon, decode_str, fast_skip, number_is_plain, scan_special, skip_lit, skip_number,
-    skip_number_fast, skip_value, str_is, text_part_head, ws, Canon, Fail, Frames, NoOut, Put, Res,
-    SmallOut, Staging, StrOut, STAGE,
+    colon, decode_str, fast_skip, key_word, number_is_plain, scan_special, skip_lit, skip_number,
+    skip_number_fast, skip_value, str_is, text_part_head, word_of, ws, Canon, Fail, Frames, NoOut,
+    Put, Res, SmallOut, Staging, StrOut, STAGE,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -175,34 +175,39 @@ fn perr(e: Fail) -> ExtractError {
     ExtractError::Parse(format!("{} at byte {}", e.what, e.at))
 }
 
-/// A struct's fields: how many (for the array form) and which field a key
-/// names.
+/// A struct's fields: how many (for the array form) and their names as
+/// [`word_of`] words (a field's number is its place here).
 #[derive(Clone, Copy)]
 struct Fields {
     count: usize,
-    id: fn(&[u8]) -> Option<usize>,
+    names: &'static [u128],
+}
+
+impl Fields {
+    /// The field a key names, the key given as [`key_word`] gives it.
+    #[inline]
+    fn id(self, key: u128) -> Option<usize> {
+        self.names.iter().position(|&n| n == key)
+    }
 }
 
 /// Fields of a request body, numbered in the order a body written as a JSON
 /// array gives them (serde reads a struct from an array positionally).
 const BODY_FIELDS: Fields = Fields {
     count: 11,
-    id: |k| {
-        Some(match k {
-            b"model" => F_MODEL,
-            b"messages" => F_MESSAGES,
-            b"tools" => F_TOOLS,
-            b"functions" => F_FUNCTIONS,
-            b"prompt" => F_PROMPT,
-            b"instructions" => F_INSTRUCTIONS,
-            b"input" => F_INPUT,
-            b"system" => F_SYSTEM,
-            b"metadata" => F_METADATA,
-            b"user" => F_USER,
-            b"cache_salt" => F_CACHE_SALT,
-            _ => return None,
-        })
-    },
+    names: &[
+        word_of(b"model"),
+        word_of(b"messages"),
+        word_of(b"tools"),
+        word_of(b"functions"),
+        word_of(b"prompt"),
+        word_of(b"instructions"),
+        word_of(b"input"),
+        word_of(b"system"),
+        word_of(b"metadata"),
+        word_of(b"user"),
+        word_of(b"cache_salt"),
+    ],
 };
 const F_MODEL: usize = 0;
 const F_MESSAGES: usize = 1;
@@ -220,17 +225,14 @@ const F_CACHE_SALT: usize = 10;
 /// Fields of a message (chat, Anthropic, Responses input item).
 const MESSAGE_FIELDS: Fields = Fields {
     count: 6,
-    id: |k| {
-        Some(match k {
-            b"type" => M_TYPE,
-            b"role" => M_ROLE,
-            b"content" => M_CONTENT,
-            b"name" => M_NAME,
-            b"tool_calls" => M_TOOL_CALLS,
-            b"tool_call_id" => M_TOOL_CALL_ID,
-            _ => return None,
-        })
-    },
+    names: &[
+        word_of(b"type"),
+        word_of(b"role"),
+        word_of(b"content"),
+        word_of(b"name"),
+        word_of(b"tool_calls"),
+        word_of(b"tool_call_id"),
+    ],
 };
 const M_TYPE: usize = 0;
 const M_ROLE: usize = 1;
@@ -241,24 +243,16 @@ const M_TOOL_CALL_ID: usize = 5;
 
 const PART_FIELDS: Fields = Fields {
     count: 2,
-    id: |k| match k {
-        b"type" => Some(0),
-        b"text" => Some(1),
-        _ => None,
-    },
+    names: &[word_of(b"type"), word_of(b"text")],
 };
 /// The router's former pre-pass struct.
 const PEEK_FIELDS: Fields = Fields {
     count: 2,
-    id: |k| match k {
-        b"model" => Some(0),
-        b"cache_salt" => Some(1),
-        _ => None,
-    },
+    names: &[word_of(b"model"), word_of(b"cache_salt")],
 };
 const META_FIELDS: Fields = Fields {
     count: 1,
-    id: |k| (k == b"user_id").then_some(0),
+    names: &[word_of(b"user_id")],
 };
 
 /// The members of a struct-typed value, as serde reads a derived struct:
@@ -338,9 +332,21 @@ impl Members {
         if b.get(j) != Some(&b'"') {
             return fail(j, "key must be a string");
         }
-        let mut key = SmallOut::new();
-        let e = decode_str(b, j + 1, self.utf8_known, &mut key)?;
-        let id = key.get().and_then(self.names.id);
+        let (key, e) = match key_word(b, j + 1, self.utf8_known) {
+            Some(x) => x,
+            None => {
+                // Escapes, a long key, or not known to be UTF-8: decoded.
+                let mut key = SmallOut::new();
+                let e = decode_str(b, j + 1, self.utf8_known, &mut key)?;
+                let w = key
+                    .get()
+                    .filter(|k| k.len() < 16 && !k.contains(&0))
+                    .map_or(0, word_of);
+                (w, e)
+            }
+        };
+        // 0 is the empty key, never a field.
+        let id = if key == 0 { None } else { self.names.id(key) };
         if let Some(k) = id {
             let bit = 1u32 << k;
             self.dup = self.seen & bit != 0;

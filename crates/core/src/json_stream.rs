@@ -214,6 +214,45 @@ impl StrOut for NoOut {
     fn esc(&mut self, _: &[u8]) {}
 }
 
+/// `s` (at most 15 bytes, no NUL) as a little-endian word, zero past its
+/// end: how [`key_word`] gives a short key.
+#[allow(clippy::indexing_slicing)] // evaluated at compile time
+pub const fn word_of(s: &[u8]) -> u128 {
+    let mut w = 0u128;
+    let mut k = 0;
+    while k < s.len() {
+        w |= (s[k] as u128) << (8 * k);
+        k += 1;
+    }
+    w
+}
+
+/// The rest of a string (`i` just after its opening quote) when it is at
+/// most 15 bytes without escapes or control bytes (and, unless
+/// `utf8_known`, ASCII): its bytes as a word (see [`word_of`]) and the
+/// index after the closing quote, found in one step. None otherwise (then
+/// the caller decodes it).
+#[inline]
+pub fn key_word(b: &[u8], i: usize, utf8_known: bool) -> Option<(u128, usize)> {
+    let c = b.get(i..)?.first_chunk::<16>()?;
+    let w = u128::from_le_bytes(*c);
+    let m = u128::from(stop_mask(w as u64)) | u128::from(stop_mask((w >> 64) as u64)) << 64;
+    let at = (m.trailing_zeros() / 8) as usize;
+    if c.get(at) != Some(&b'"') {
+        return None;
+    }
+    let k = if at == 0 {
+        0
+    } else {
+        w & (u128::MAX >> (128 - 8 * at))
+    };
+    let high = u128::from(HIGH) | u128::from(HIGH) << 64;
+    if !utf8_known && k & high != 0 {
+        return None;
+    }
+    Some((k, i + at + 1))
+}
+
 /// Writes into a small fixed buffer; `long` once it would overflow.
 pub struct SmallOut {
     /// The bytes so far.
@@ -1615,6 +1654,48 @@ impl Tape {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `key_word` agrees with decoding into a `SmallOut` wherever it
+    /// answers, and answers for every short plain key.
+    #[test]
+    fn key_word_matches_decoding() {
+        let keys: [&[u8]; 9] = [
+            b"",
+            b"a",
+            b"role",
+            b"content",
+            b"messages",
+            b"tool_call_id",
+            b"fifteen_bytes_k",
+            b"sixteen_bytes_ke",
+            b"caf\\u00e9",
+        ];
+        for k in keys {
+            for tail in [&b":1}   more bytes to fill"[..], b""] {
+                let mut body = vec![b'"'];
+                body.extend_from_slice(k);
+                body.push(b'"');
+                body.extend_from_slice(tail);
+                for utf8 in [false, true] {
+                    let got = key_word(&body, 1, utf8);
+                    let mut out = SmallOut::new();
+                    let end = decode_str(&body, 1, utf8, &mut out).unwrap();
+                    let plain = k.len() < 16 && !k.contains(&b'\\') && body.len() >= 17;
+                    assert_eq!(got.is_some(), plain, "{:?}", String::from_utf8_lossy(k));
+                    if let Some((w, e)) = got {
+                        assert_eq!((w, e), (word_of(out.get().unwrap()), end));
+                    }
+                }
+            }
+        }
+        // Not ASCII: answered only when the bytes are known to be UTF-8.
+        let body = "\"caf\u{e9}\":1, and more bytes".as_bytes();
+        assert_eq!(key_word(body, 1, false), None);
+        assert_eq!(key_word(body, 1, true).map(|x| x.1), Some(7));
+        // A control byte or an unterminated key: never.
+        assert_eq!(key_word(b"\"ro\nle\":1, and more bytes", 1, true), None);
+        assert_eq!(key_word(b"\"role and more bytes", 1, true), None);
+    }
 
     proptest! {
         /// The bit stack behaves as a stack of booleans.
