@@ -69,6 +69,59 @@ pub fn short_turn_chat(total: usize) -> Vec<u8> {
     s.into_bytes()
 }
 
+/// An agent's request of about `total` bytes as coding agents send them:
+/// twelve tools with JSON-schema parameters (keys in the order clients
+/// write them, so most objects are reordered by canonical JSON), a 2 KB
+/// system prompt, then rounds of an assistant tool call and its result
+/// (200-3000 bytes), the legitimate body richest in structure.
+pub fn agent_chat(total: usize) -> Vec<u8> {
+    let mut s = String::from(r#"{"model":"llama-3.1-8b","stream":true,"tools":["#);
+    let names = [
+        "read_file",
+        "write_file",
+        "edit_file",
+        "list_dir",
+        "grep",
+        "glob",
+        "bash",
+        "web_fetch",
+        "todo_write",
+        "ask_user",
+        "run_tests",
+        "git_diff",
+    ];
+    for (k, name) in names.iter().enumerate() {
+        if k > 0 {
+            s.push(',');
+        }
+        s.push_str(&format!(
+            r#"{{"type":"function","function":{{"name":"{name}","description":"{}","parameters":{{"type":"object","properties":{{"path":{{"type":"string","description":"{}"}},"limit":{{"type":"integer","description":"{}","minimum":1}},"mode":{{"type":"string","enum":["fast","full","lines"],"description":"{}"}}}},"required":["path"],"additionalProperties":false}}}}}}"#,
+            text(300, k as u64),
+            text(80, k as u64 + 100),
+            text(60, k as u64 + 200),
+            text(50, k as u64 + 300),
+        ));
+    }
+    s.push_str(r#"],"messages":["#);
+    s.push_str(&format!(
+        r#"{{"role":"system","content":"{}"}},{{"role":"user","content":"{}"}}"#,
+        text(2000, 1),
+        text(150, 2)
+    ));
+    let lens = [200, 3000, 800, 1500, 400, 2500];
+    let mut i = 0usize;
+    while s.len() + 3400 < total {
+        let name = names[i % names.len()];
+        s.push_str(&format!(
+            r#",{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{i}","type":"function","function":{{"name":"{name}","arguments":"{{\"path\":\"src/{i}.rs\",\"limit\":200}}"}}}}]}},{{"role":"tool","tool_call_id":"call_{i}","content":"{}"}}"#,
+            text(lens[i % lens.len()], i as u64 + 9)
+        ));
+        i += 1;
+    }
+    s.push_str("]}");
+    s.into_bytes()
+}
+
 /// About 1 MiB each (the nesting one: 50,000 deep): a plain prompt for
 /// comparison, then the element-heavy bodies of issue 21 and the worst
 /// cases of canonical JSON (objects whose keys must be reordered).
@@ -153,6 +206,8 @@ pub fn cases() -> Vec<(String, Vec<u8>)> {
         .map(|&n| (format!("plain_chat_{}KiB", n >> 10), plain_chat(n)))
         .collect();
     cases.push(("short_turn_chat_256KiB".into(), short_turn_chat(256 << 10)));
+    cases.push(("agent_chat_32KiB".into(), agent_chat(32 << 10)));
+    cases.push(("agent_chat_256KiB".into(), agent_chat(256 << 10)));
     cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
     cases
 }
