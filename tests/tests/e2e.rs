@@ -3057,6 +3057,9 @@ fn amplification_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
 //     sent 4 times (both workers), get a normal answer (routed, or a counted fallback), grow
 //     the filter's VM memory (`prefix_router.vm.memory_bytes`, all workers summed) by less than
 //     4x one body, leave no `panicked` line, and the filter still decides every later request.
+//     The ones charged more than their work budget (`extract::budget`) are the counted
+//     `too_complex` fallbacks, as the core decides natively; the text parts, charged within
+//     it, are routed.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
@@ -3102,6 +3105,8 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
     // Envoy's max_body_bytes in the reference config is 1 MiB: every body is just under it.
     let size = (1 << 20) - 64;
     let mut largest = 0usize;
+    let too_complex = || filter_counter(&lab, &["prefix_router_fallback_too_complex"]);
+    let mut complex_bodies = 0;
     for (name, body) in amplification_bodies(size) {
         assert!(
             body.len() <= size && body.len() > size - 32,
@@ -3110,6 +3115,7 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
         );
         largest = largest.max(body.len());
         let before = decided();
+        let before_complex = too_complex();
         let req = post(&body);
         for i in 0..4 {
             let (status, text) = raw_exchange(port, &req);
@@ -3125,6 +3131,23 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
             "{name}: the filter did not decide (route or count a fallback) each body\n{}",
             prefix_router_metrics(&lab)
         );
+        // What the core decides natively (charges are counts, not times: the .wasm agrees).
+        let over = matches!(
+            prefix_router_core::extract::extract(
+                prefix_router_core::extract::Api::ChatCompletions,
+                &body,
+                &mut Vec::new(),
+            ),
+            Err(prefix_router_core::extract::ExtractError::TooComplex(_))
+        );
+        complex_bodies += usize::from(over);
+        let want = if over { 4.0 } else { 0.0 };
+        assert_eq!(
+            too_complex() - before_complex,
+            want,
+            "{name}: too_complex fallbacks\n{}",
+            prefix_router_metrics(&lab)
+        );
         println!(
             "{name}: {} bytes; VM memory {:.0} -> {:.0} bytes (all workers)",
             body.len(),
@@ -3132,6 +3155,10 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
             memory()
         );
     }
+    assert_eq!(
+        complex_bodies, 4,
+        "all but the text parts are over their budget"
+    );
     let growth = memory() - start;
     println!("VM memory growth over all bodies: {growth:.0} bytes (one body: {largest} bytes)");
     assert!(

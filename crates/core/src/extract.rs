@@ -56,6 +56,18 @@
 //! bytes, canonical JSON is staged in 1 KiB before it reaches the part
 //! hasher or the sink; see BENCHMARKS.md).
 //!
+//! Work budget: both passes charge each element they meet its measured
+//! native cost ([`crate::json_stream::cost`]: a value skipped 5 ns, a
+//! struct member 15, a non-text part's marker 10-30, a value of canonical
+//! JSON 30, a key of a reordered object 2 per level of the sort...) against
+//! [`budget`]: 20 us plus 1.4 ns a byte, 5x what a plain prompt costs. A body
+//! over it stops with [`ExtractError::TooComplex`] (the router's counted
+//! `too_complex` fallback), so no body costs much more than 5x a plain
+//! prompt of its size plus 20 us, whatever its elements. Charges are counts,
+//! not times: every machine and the .wasm decide alike. Legitimate bodies
+//! are charged well within it (a chat of short turns 0.63 ns a byte, an
+//! agent request with 120 tool schemas 1.15; `tests/budget.rs`).
+//!
 //! Equivalence (bytes, anchor, metadata and error kind) is tested against
 //! the former serde extractor, kept in `tests/reference/`
 //! (`tests/extract_equiv.rs`).
@@ -64,9 +76,9 @@ use std::borrow::Cow;
 
 use crate::hash;
 use crate::json_stream::{
-    colon, decode_str, fast_skip, key_word, number_is_plain, scan_special, skip_lit, skip_number,
-    skip_number_fast, skip_value, str_is, text_part_head, word_of, ws, Canon, Fail, Frames, NoOut,
-    Put, Res, SmallOut, Staging, StrOut, STAGE,
+    colon, cost, decode_str, fast_skip, key_word, number_is_plain, scan_special, skip_lit,
+    skip_number, skip_number_fast, skip_value, str_is, text_part_head, word_of, ws, Canon, Fail,
+    Frames, NoOut, Put, Res, SmallOut, Staging, StrOut, Work, STAGE, TOO_COMPLEX,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -159,6 +171,9 @@ pub enum ExtractError {
     Parse(String),
     /// Valid, but there is no prompt to route on.
     EmptyPrompt,
+    /// More work than the body's budget ([`budget`]): elements too dense
+    /// for its size. At the byte where the budget ran out.
+    TooComplex(usize),
 }
 
 impl std::fmt::Display for ExtractError {
@@ -166,14 +181,33 @@ impl std::fmt::Display for ExtractError {
         match self {
             ExtractError::Parse(m) => write!(f, "parse error: {m}"),
             ExtractError::EmptyPrompt => write!(f, "no prompt in the request"),
+            ExtractError::TooComplex(at) => {
+                write!(f, "body too complex: work budget spent at byte {at}")
+            }
         }
     }
 }
 
 #[cold]
 fn perr(e: Fail) -> ExtractError {
+    if e.what == TOO_COMPLEX {
+        return ExtractError::TooComplex(e.at);
+    }
     ExtractError::Parse(format!("{} at byte {}", e.what, e.at))
 }
+
+/// Extraction's work budget for a body of `len` bytes, in the ns of
+/// [`crate::json_stream::cost`]: [`WORK_BASE_NS`] plus [`WORK_NS_PER_KIB`]
+/// a KiB.
+pub fn budget(len: usize) -> u64 {
+    WORK_BASE_NS.saturating_add((len as u64).saturating_mul(WORK_NS_PER_KIB) / 1024)
+}
+
+/// Budget for any body: 20 us (a 32 KiB agent request with twelve tool
+/// schemas is charged 17 us; a 1 MiB plain prompt costs about 290 us).
+pub const WORK_BASE_NS: u64 = 20_000;
+/// Budget per KiB of body: 1.4 ns a byte, 5x a plain prompt's 0.28.
+pub const WORK_NS_PER_KIB: u64 = 1434;
 
 /// A struct's fields: how many (for the array form) and their names as
 /// [`word_of`] words (a field's number is its place here).
@@ -398,11 +432,13 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
         None => return fail(i, "EOF while parsing a value"),
     }
     let end = each(b, i, |j| {
+        st.work.charge(cost::MESSAGE, j)?;
         if let Some(end) = empty_object(b, j) {
             return Ok(end);
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         while let Some((id, v)) = m.next(b)? {
+            st.work.charge(cost::MEMBER, v)?;
             m.i = match id {
                 Some(M_CONTENT | M_TOOL_CALLS) => opt_raw(b, v, st)?.0,
                 Some(_) => opt_str(b, v, false)?.0,
@@ -423,6 +459,7 @@ fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option
     let mut user_id = None;
     let mut m = Members::open(b, i, META_FIELDS, false)?;
     while let Some((id, v)) = m.next(b)? {
+        st.work.charge(cost::MEMBER, v)?;
         m.i = match id {
             Some(_) => {
                 let (e, s) = opt_str(b, v, false)?;
@@ -493,12 +530,13 @@ impl Top {
 /// same walk, as the router's former pre-pass struct of `model` and
 /// `cache_salt` alone (`peek`: their opening quotes). After the first error
 /// of one view the walk goes on for the other, checking only syntax.
-fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
+fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
     let mut st = Frames::default();
+    st.work = Work(work);
     let mut top = Top::default();
     let (mut body_err, mut peek_err): (Option<Fail>, Option<Fail>) = (None, None);
     let (mut model, mut salt) = (None, None);
-    let both = |e: Fail| (Err(e), Err(e));
+    let both = |e: Fail| (Err(e), Err(e), Work(0));
     let mut m = match Members::open(b, 0, BODY_FIELDS, false) {
         Ok(m) => m,
         Err(e) => return both(e),
@@ -510,6 +548,9 @@ fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
             Ok(None) => break,
             Err(e) => return both(e),
         };
+        if let Err(e) = st.work.charge(cost::MEMBER, v) {
+            return both(e);
+        }
         if m.dup {
             // A request field twice fails the request view, and the
             // pre-pass view if it is one of its two fields.
@@ -572,7 +613,7 @@ fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
             }
         };
         if let (Some(x), Some(y)) = (body_err, peek_err) {
-            return (Err(x), Err(y));
+            return (Err(x), Err(y), st.work);
         }
     }
     if let Err(e) = end_of_body(b, m.i) {
@@ -581,6 +622,7 @@ fn scan(b: &[u8]) -> (Res<Top>, Res<Peeked>) {
     (
         body_err.map_or(Ok(top), Err),
         peek_err.map_or(Ok((model, salt)), Err),
+        st.work,
     )
 }
 
@@ -676,13 +718,26 @@ pub struct Scan<'a> {
     body: &'a [u8],
     top: Res<Top>,
     peek: Res<Peeked>,
+    /// The work budget the first pass left to the second.
+    work: Work,
 }
 
 impl<'a> Scan<'a> {
-    /// Check `body` (one pass, no allocation for ordinary depths).
+    /// Check `body` (one pass, no allocation for ordinary depths), within
+    /// its work [`budget`].
     pub fn new(body: &'a [u8]) -> Scan<'a> {
-        let (top, peek) = scan(body);
-        Scan { body, top, peek }
+        Scan::with_budget(body, budget(body.len()))
+    }
+
+    /// [`Scan::new`] with a budget of `work` ns for both passes.
+    pub fn with_budget(body: &'a [u8], work: u64) -> Scan<'a> {
+        let (top, peek, work) = scan(body, work);
+        Scan {
+            body,
+            top,
+            peek,
+            work,
+        }
     }
 
     /// As [`peek_meta`].
@@ -716,6 +771,7 @@ impl<'a> Scan<'a> {
             anchored: false,
             user_started: false,
         };
+        em.canon.work = self.work;
         let r = em.run(api, &top);
         em.out.flush();
         r.map_err(perr)?;
@@ -1054,6 +1110,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// written as a message or, if it is not one, as a marker.
     fn message(&mut self, i: usize, item: bool) -> Res<usize> {
         let b = self.b;
+        self.canon.work.charge(cost::MESSAGE, i)?;
         match empty_object(b, i) {
             // No role, no content: as below, without the walk.
             Some(end) if !item => {
@@ -1070,6 +1127,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let mut m = Members::open(b, i, MESSAGE_FIELDS, true)?;
         while let Some((id, v)) = m.next(b)? {
             let v = ws(b, v);
+            self.canon.work.charge(cost::MEMBER, v)?;
             m.i = match id {
                 Some(M_CONTENT) if b.get(v) == Some(&b'n') => skip_lit(b, v, b"null")?,
                 Some(M_CONTENT) => {
@@ -1191,6 +1249,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
             // Not an object, or one without a text: a marker.
             return self.marker(i);
         }
+        self.canon.work.charge(cost::PART, i)?;
         // Whether the part's type (absent or null counts) is a text type.
         let (mut text_kind, mut kind_seen) = (true, false);
         let (mut text, mut streamed) = (None, false);
@@ -1205,6 +1264,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
         }
         while let Some((id, v)) = m.next(b)? {
             let v = ws(b, v);
+            self.canon.work.charge(cost::MEMBER, v)?;
             m.i = match id {
                 Some(0) => {
                     kind_seen = true;
@@ -1243,6 +1303,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
     /// `GS type GS hex(xxh3(canonical json))` for the non-text value at `i`.
     fn marker(&mut self, i: usize) -> Res<usize> {
         let b = self.b;
+        self.canon.work.charge(cost::MARKER, i)?;
         // A value of at most 7 bytes (a number, a short string, `{}`...) has
         // no `type` key, and the same bytes give the same marker: memoized,
         // so repeating one small part costs a lookup.
@@ -1254,6 +1315,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
                 return Ok(end);
             }
         }
+        self.canon.work.charge(cost::HASH, i)?;
         // A number that prints as itself: its canonical JSON is its token.
         if let Some(b'-' | b'0'..=b'9') = b.get(i) {
             let end = match short {

@@ -507,13 +507,73 @@ pub fn colon(b: &[u8], i: usize) -> Res<usize> {
     }
 }
 
+/// What [`Work::charge`] fails with: the body needs more work than its
+/// budget (a counted fallback, not a parse error).
+pub const TOO_COMPLEX: &str = "body too complex";
+
+/// A budget of extraction work, in nanoseconds as measured natively (see
+/// `crate::extract`'s "Cost"): each element a walk meets is charged its
+/// measured cost, and a walk stops with [`TOO_COMPLEX`] when the budget is
+/// spent. No clock: the same body is charged the same everywhere.
+/// Unlimited by default.
+#[derive(Debug, Clone, Copy)]
+pub struct Work(pub u64);
+
+impl Default for Work {
+    fn default() -> Self {
+        Work(u64::MAX)
+    }
+}
+
+impl Work {
+    /// Spend `n`; fails at `at` once the budget is spent.
+    #[inline(always)]
+    pub fn charge(&mut self, n: u64, at: usize) -> Res<()> {
+        match self.0.checked_sub(n) {
+            Some(left) => {
+                self.0 = left;
+                Ok(())
+            }
+            None => Err(Fail {
+                at,
+                what: TOO_COMPLEX,
+            }),
+        }
+    }
+}
+
+/// Charges, in ns: what each element costs natively, measured on the
+/// bodies of `tests/bodies/mod.rs` (the throughput probe's
+/// `probe_budget` prints each body's charge beside its time).
+pub mod cost {
+    /// A value skipped or checked by the first pass (with its key).
+    pub const TOKEN: u64 = 5;
+    /// A struct member read (key matched) by either pass.
+    pub const MEMBER: u64 = 15;
+    /// A message, in each pass.
+    pub const MESSAGE: u64 = 3;
+    /// An object content part walked for its text (second pass).
+    pub const PART: u64 = 20;
+    /// A marker of a non-text part whose hex is memoized.
+    pub const MARKER: u64 = 10;
+    /// A marker's hash and hex when not memoized.
+    pub const HASH: u64 = 20;
+    /// A value of canonical JSON (checked, indexed, written; with its key).
+    pub const CANON: u64 = 30;
+    /// A key of a reordered object, per level of the sort.
+    pub const SORT: u64 = 2;
+}
+
 /// Open containers of an ignored value, one bit per level (1: object):
-/// the top 1 to 64 levels in `cur`, the levels below in full words.
+/// the top 1 to 64 levels in `cur`, the levels below in full words; and
+/// the walk's [`Work`] budget.
 #[derive(Debug, Default)]
 pub struct Frames {
     cur: u64,
     words: Vec<u64>,
     len: usize,
+    /// What is left of the budget.
+    pub work: Work,
 }
 
 impl Frames {
@@ -564,9 +624,15 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
     let mut i = i;
     loop {
         i = ws(b, i);
+        st.work.charge(cost::TOKEN, i)?;
         match b.get(i) {
             Some(b'"') => i = skip_str(b, i + 1, utf8)?,
-            Some(b'-' | b'0'..=b'9') => i = skip_number_fast(b, i)?,
+            Some(b'-' | b'0'..=b'9') => {
+                // Digits cost about 1 ns each.
+                let j = skip_number_fast(b, i)?;
+                st.work.charge((j - i) as u64, i)?;
+                i = j;
+            }
             Some(b'n') => i = skip_lit(b, i, b"null")?,
             Some(b't') => i = skip_lit(b, i, b"true")?,
             Some(b'f') => i = skip_lit(b, i, b"false")?,
@@ -1005,6 +1071,8 @@ pub struct Canon {
     em: Vec<EmFrame>,
     /// The buffer of [`Stage`] (allocated at the first value).
     stage: Vec<u8>,
+    /// The budget values are charged to (unlimited by default).
+    pub work: Work,
 }
 
 /// The first pass's record: which objects to write in another order.
@@ -1134,12 +1202,13 @@ impl Canon {
             ix,
             em,
             stage,
+            work,
         } = self;
         if stage.len() < STAGE {
             stage.resize(STAGE, 0);
         }
         let mut out = Stage::new(stage, out);
-        let r = Self::write_staged(tape, ix, em, b, i, &mut out);
+        let r = Self::write_staged(tape, ix, em, work, b, i, &mut out);
         out.flush();
         r
     }
@@ -1148,6 +1217,7 @@ impl Canon {
         tape: &mut Tape,
         ix: &mut Vec<IxFrame>,
         em: &mut Vec<EmFrame>,
+        work: &mut Work,
         b: &[u8],
         i: usize,
         out: &mut Stage,
@@ -1162,7 +1232,7 @@ impl Canon {
         if ix.len() < MAX_DEPTH {
             ix.resize(MAX_DEPTH, IxFrame::default());
         }
-        let (end, ty) = tape.index_value(b, i, ix)?;
+        let (end, ty) = tape.index_value(b, i, ix, work)?;
         let blocks = &tape.blocks;
         tape.index
             .sort_unstable_by_key(|&p| blocks.get(p as usize).unwrap_or(0));
@@ -1219,12 +1289,14 @@ impl Tape {
         b: &[u8],
         i: usize,
         stack: &mut [IxFrame],
+        work: &mut Work,
     ) -> Res<(usize, Option<usize>)> {
         let mut d = 0usize;
         let mut ty = None;
         let mut i = i;
         loop {
             i = ws(b, i);
+            work.charge(cost::CANON, i)?;
             match b.get(i) {
                 Some(b'"') => i = decode_str(b, i + 1, true, &mut NoOut)?,
                 Some(b'-' | b'0'..=b'9') => {
@@ -1305,6 +1377,12 @@ impl Tape {
                     Some(b'}') if top.obj => {
                         i += 1;
                         d -= 1;
+                        // Sorting m keys: m levels of comparisons per key
+                        // at most log2(m) + 1 deep.
+                        let m = (self.members.len() as u64).saturating_sub(u64::from(top.base));
+                        if m >= 2 {
+                            work.charge(cost::SORT * m * u64::from(m.ilog2() + 1), i)?;
+                        }
                         self.close_object(b, top.start, top.base as usize, i);
                     }
                     _ => return fail(i, "expected `,` or end of container"),

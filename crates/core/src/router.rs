@@ -43,13 +43,16 @@ pub enum FallbackCause {
     ParseError,
     /// Valid body without a prompt.
     EmptyPrompt,
+    /// Body whose elements are too dense for its size: extraction stopped
+    /// at its work budget (`extract::budget`).
+    TooComplex,
     /// A host call failed (body read, shared data); see the log.
     HostError,
 }
 
 impl FallbackCause {
     /// All causes (for defining metrics up front).
-    pub const ALL: [FallbackCause; 8] = [
+    pub const ALL: [FallbackCause; 9] = [
         FallbackCause::Path,
         FallbackCause::Method,
         FallbackCause::ContentType,
@@ -57,6 +60,7 @@ impl FallbackCause {
         FallbackCause::BodyTooLarge,
         FallbackCause::ParseError,
         FallbackCause::EmptyPrompt,
+        FallbackCause::TooComplex,
         FallbackCause::HostError,
     ];
 
@@ -70,6 +74,7 @@ impl FallbackCause {
             FallbackCause::BodyTooLarge => "body_too_large",
             FallbackCause::ParseError => "parse_error",
             FallbackCause::EmptyPrompt => "empty_prompt",
+            FallbackCause::TooComplex => "too_complex",
             FallbackCause::HostError => "host_error",
         }
     }
@@ -464,7 +469,10 @@ impl Router {
         // `model` and `cache_salt` and where every field starts, then the
         // prompt streams into the key sink seeded from them.
         let scan = Scan::new(body);
-        let meta = scan.meta().map_err(|_| FallbackCause::ParseError)?;
+        let meta = scan.meta().map_err(|e| match e {
+            ExtractError::TooComplex(_) => FallbackCause::TooComplex,
+            _ => FallbackCause::ParseError,
+        })?;
         let salt = if k.use_cache_salt {
             meta.cache_salt.as_deref()
         } else {
@@ -506,6 +514,7 @@ impl Router {
             (Err(_), Some(key)) => return Ok((key, PromptChain::default())),
             (Err(ExtractError::Parse(_)), None) => return Err(FallbackCause::ParseError),
             (Err(ExtractError::EmptyPrompt), None) => return Err(FallbackCause::EmptyPrompt),
+            (Err(ExtractError::TooComplex(_)), None) => return Err(FallbackCause::TooComplex),
         };
         let chain = PromptChain {
             hashes: match stride {
@@ -1551,6 +1560,21 @@ mod tests {
             Decision::Fallback(FallbackCause::ParseError).describe(r.config()),
             "outcome=fallback;cause=parse_error"
         );
+        // Over the work budget: in the first pass (a message per 3 bytes)
+        // and in the second (a non-text part per 2 bytes).
+        let dense = |item: &str, wrap: &str| {
+            let items = vec![item; 200_000].join(",");
+            wrap.replace("@", &items).into_bytes()
+        };
+        for body in [
+            dense("{}", r#"{"messages":[@]}"#),
+            dense("0", r#"{"messages":[{"role":"user","content":[@]}]}"#),
+        ] {
+            assert_eq!(
+                decide(&r, Api::ChatCompletions, &body, None, &l, 0),
+                Decision::Fallback(FallbackCause::TooComplex)
+            );
+        }
     }
 
     #[test]

@@ -57,6 +57,7 @@ enum Out {
     },
     Parse,
     Empty,
+    TooComplex,
 }
 
 fn run_new(api: Api, body: &[u8]) -> Out {
@@ -71,6 +72,24 @@ fn run_new(api: Api, body: &[u8]) -> Out {
         },
         Err(ExtractError::Parse(_)) => Out::Parse,
         Err(ExtractError::EmptyPrompt) => Out::Empty,
+        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
+    }
+}
+
+/// The extractor with a budget of `work` ns.
+fn run_budget(api: Api, body: &[u8], work: u64) -> Out {
+    let mut r = Rec::default();
+    match extract::Scan::with_budget(body, work).extract(api, &mut r) {
+        Ok(m) => Out::Ok {
+            bytes: r.bytes,
+            anchor: r.anchor,
+            model: m.model.into_owned(),
+            user: m.user.map(|u| u.into_owned()),
+            salt: m.cache_salt.map(|u| u.into_owned()),
+        },
+        Err(ExtractError::Parse(_)) => Out::Parse,
+        Err(ExtractError::EmptyPrompt) => Out::Empty,
+        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
     }
 }
 
@@ -86,6 +105,7 @@ fn run_ref(api: Api, body: &[u8]) -> Out {
         },
         Err(ExtractError::Parse(_)) => Out::Parse,
         Err(ExtractError::EmptyPrompt) => Out::Empty,
+        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
     }
 }
 
@@ -147,6 +167,7 @@ fn check(api: Api, body: &[u8]) -> Out {
         },
         Err(ExtractError::Parse(_)) => Out::Parse,
         Err(ExtractError::EmptyPrompt) => Out::Empty,
+        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
     };
     assert_eq!(via_scan, new, "Scan::extract");
     assert_eq!(
@@ -363,7 +384,17 @@ fn nesting_depth() {
         deep.clone(),
         deep[..deep.len() - 1].to_string(),
     ] {
-        check_all(body.as_bytes());
+        // Without a budget, the reference's outcome; within it, the same
+        // or a stop at the budget (50,000 nested values in 100 KB).
+        for api in APIS {
+            let free = run_budget(api, body.as_bytes(), u64::MAX);
+            assert_eq!(free, run_ref(api, body.as_bytes()), "{api:?} {:.40}", body);
+            let capped = run_new(api, body.as_bytes());
+            assert!(
+                capped == free || capped == Out::TooComplex,
+                "{api:?} {capped:?}"
+            );
+        }
     }
 }
 
@@ -424,6 +455,7 @@ fn generator_coverage() {
                 Out::Ok { .. } => ok += 1,
                 Out::Empty => empty += 1,
                 Out::Parse => parse += 1,
+                Out::TooComplex => panic!("a small generated body over its work budget"),
             }
         }
         println!("{api:?}: ok {ok} empty {empty} parse {parse}");
@@ -556,13 +588,24 @@ fn large_bodies() {
         msgs.join(",")
     );
     check_all(chat.as_bytes());
+    // Element-dense bodies: over their work budget (a counted fallback in
+    // the router), and with no budget the reference's bytes.
     let empties = format!(r#"{{"messages":[{}]}}"#, vec!["{}"; 30_000].join(","));
-    check_all(empties.as_bytes());
     let parts = format!(
         r#"{{"messages":[{{"role":"user","content":[{}]}}]}}"#,
         vec!["0"; 30_000].join(",")
     );
-    check_all(parts.as_bytes());
+    for body in [empties.as_bytes(), parts.as_bytes()] {
+        assert_eq!(
+            run_new(Api::ChatCompletions, body),
+            Out::TooComplex,
+            "{:.60}",
+            String::from_utf8_lossy(body)
+        );
+        for api in APIS {
+            assert_eq!(run_budget(api, body, u64::MAX), run_ref(api, body));
+        }
+    }
 }
 
 /// Many repeated short non-text parts (the extractor memoizes their

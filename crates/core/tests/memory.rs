@@ -66,9 +66,12 @@ fn peak_of(f: impl FnOnce()) -> usize {
     PEAK.load(Relaxed).saturating_sub(base)
 }
 
+/// The key path; the new extractor without its work budget (which stops
+/// these bodies early: the walk's memory bound must hold without it).
 fn key_path(api: Api, body: &[u8], new: bool) -> bool {
+    let scan = extract::Scan::with_budget(body, u64::MAX);
     let model = if new {
-        match extract::peek_meta(body) {
+        match scan.meta() {
             Ok(m) => m.model.into_owned(),
             Err(_) => return false,
         }
@@ -81,7 +84,7 @@ fn key_path(api: Api, body: &[u8], new: bool) -> bool {
     let seed = hash::model_seed(model.as_bytes(), None);
     let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, api.structured(), 16);
     if new {
-        extract::extract(api, body, &mut s).is_ok()
+        scan.extract(api, &mut s).is_ok()
     } else {
         reference::extract(api, body, &mut s).is_ok()
     }

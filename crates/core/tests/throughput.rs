@@ -25,15 +25,16 @@ use std::time::Instant;
 /// The filter's key path: `peek_meta`, then `extract` into a `KeySink` with
 /// the strided chain.
 fn key_path(body: &[u8], new: bool) -> u64 {
+    let scan = extract::Scan::with_budget(body, u64::MAX);
     let model = if new {
-        extract::peek_meta(body).unwrap().model.into_owned()
+        scan.meta().unwrap().model.into_owned()
     } else {
         reference::peek_meta(body).unwrap().0
     };
     let seed = hash::model_seed(model.as_bytes(), None);
     let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
     if new {
-        extract::extract(Api::ChatCompletions, body, &mut s).unwrap();
+        scan.extract(Api::ChatCompletions, &mut s).unwrap();
     } else {
         reference::extract(Api::ChatCompletions, body, &mut s).unwrap();
     }
@@ -43,7 +44,7 @@ fn key_path(body: &[u8], new: bool) -> u64 {
 /// The same through one [`extract::Scan`] (the router with `Scan` instead
 /// of `peek_meta` + `extract`).
 fn scan_path(body: &[u8]) -> u64 {
-    let scan = extract::Scan::new(body);
+    let scan = extract::Scan::with_budget(body, u64::MAX);
     let model = scan.meta().unwrap().model;
     let seed = hash::model_seed(model.as_bytes(), None);
     let mut s = KeySink::with_chain(seed, 64, KeyMode::Conversation, 4096, true, 16);
@@ -54,17 +55,77 @@ fn scan_path(body: &[u8]) -> u64 {
 /// The default config's path: one [`extract::Scan`] into a `KeySink`
 /// without the whole-prompt chain (only `cost.mode: index` keeps it).
 fn default_path(body: &[u8]) -> u64 {
-    let scan = extract::Scan::new(body);
-    let model = scan.meta().unwrap().model;
+    default_path_within(body, u64::MAX).unwrap()
+}
+
+/// [`default_path`] within a work budget of `work` ns (None: over it).
+fn default_path_within(body: &[u8], work: u64) -> Option<u64> {
+    let scan = extract::Scan::with_budget(body, work);
+    let model = scan.meta().ok()?.model;
     let seed = hash::model_seed(model.as_bytes(), None);
     let mut s = KeySink::new(seed, 64, KeyMode::Conversation, 4096, true);
-    scan.extract(Api::ChatCompletions, &mut s).unwrap();
-    s.key() ^ s.seen_bytes()
+    scan.extract(Api::ChatCompletions, &mut s).ok()?;
+    Some(s.key() ^ s.seen_bytes())
 }
 
 /// The checking scan alone (what every path pays first).
 fn check_only(body: &[u8]) -> u64 {
-    u64::from(extract::Scan::new(body).meta().is_ok())
+    u64::from(extract::Scan::with_budget(body, u64::MAX).meta().is_ok())
+}
+
+/// The work the default path is charged for `body`: the least budget it
+/// completes within (ns of `json_stream::cost`).
+fn charged(body: &[u8]) -> u64 {
+    let (mut lo, mut hi) = (0u64, 1u64 << 40);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if default_path_within(body, mid).is_some() {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
+/// Each body's cost without a budget, what the budget model charges for
+/// it, and its cost as the router runs it (within `extract::budget`: the
+/// element-dense bodies stop early, a counted fallback). Times in µs;
+/// `x` is per byte against the plain 1 MiB prompt.
+#[test]
+#[ignore]
+fn probe_budget() {
+    let cases = bodies::cases();
+    let plain = cases
+        .iter()
+        .find(|(n, _)| n == "plain_prompt_1MiB")
+        .map(|(_, b)| best(|| default_path(black_box(b)), 20) / b.len() as f64)
+        .unwrap();
+    println!(
+        "{:<28} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9} {:>6} {:>9}",
+        "body", "bytes", "free µs", "x", "charged µs", "budget µs", "capped µs", "x", "outcome"
+    );
+    for (name, body) in &cases {
+        let free = best(|| default_path(black_box(body)), 20);
+        let budget = extract::budget(body.len());
+        let capped = best(
+            || default_path_within(black_box(body), budget).unwrap_or(1),
+            20,
+        );
+        let ok = default_path_within(body, budget).is_some();
+        let x = |t: f64| t / body.len() as f64 / plain;
+        println!(
+            "{name:<28} {:>9} {:>9.1} {:>6.2} {:>10.1} {:>9.1} {:>9.1} {:>6.2} {:>9}",
+            body.len(),
+            free * 1e6,
+            x(free),
+            charged(body) as f64 / 1e3,
+            budget as f64 / 1e3,
+            capped * 1e6,
+            x(capped),
+            if ok { "routed" } else { "fallback" }
+        );
+    }
 }
 
 /// Best time per call in seconds over `batches` batches of ~5 ms.

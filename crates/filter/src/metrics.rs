@@ -9,7 +9,7 @@
 //! | `prefix_router.routed.moved` | cost rule: routed to a later candidate that won on its estimate (its cached prefix, or a shorter queue) over the first host under the bound |
 //! | `prefix_router.spill_hops` | hosts skipped in total by spills |
 //! | `prefix_router.key.{prompt,session,user}` | where routed keys came from |
-//! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, host_error |
+//! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, too_complex, host_error |
 //! | `prefix_router.bytes_hashed` | prompt bytes hashed for keys |
 //! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
 //! | `prefix_router.host_errors` | host calls that failed (details in the log) |

@@ -75,6 +75,12 @@ pub fn short_turn_chat(total: usize) -> Vec<u8> {
 /// system prompt, then rounds of an assistant tool call and its result
 /// (200-3000 bytes), the legitimate body richest in structure.
 pub fn agent_chat(total: usize) -> Vec<u8> {
+    agent_chat_with(total, 1)
+}
+
+/// [`agent_chat`] with its twelve tools `copies` times over (an agent with
+/// many MCP servers: 120 tools are about 85 KB of schemas).
+pub fn agent_chat_with(total: usize, copies: usize) -> Vec<u8> {
     let mut s = String::from(r#"{"model":"llama-3.1-8b","stream":true,"tools":["#);
     let names = [
         "read_file",
@@ -90,7 +96,7 @@ pub fn agent_chat(total: usize) -> Vec<u8> {
         "run_tests",
         "git_diff",
     ];
-    for (k, name) in names.iter().enumerate() {
+    for (k, name) in names.iter().cycle().take(names.len() * copies).enumerate() {
         if k > 0 {
             s.push(',');
         }
@@ -208,6 +214,10 @@ pub fn cases() -> Vec<(String, Vec<u8>)> {
     cases.push(("short_turn_chat_256KiB".into(), short_turn_chat(256 << 10)));
     cases.push(("agent_chat_32KiB".into(), agent_chat(32 << 10)));
     cases.push(("agent_chat_256KiB".into(), agent_chat(256 << 10)));
+    cases.push((
+        "agent_120_tools_96KiB".into(),
+        agent_chat_with(96 << 10, 10),
+    ));
     cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
     cases
 }
