@@ -3,11 +3,14 @@
 //!
 //! ## Canonical stream
 //! The stream depends on what the model sees, not on how the JSON was
-//! written: key order and whitespace do not change it (non-text values are
-//! re-serialized with sorted keys, see [`write_canonical_json`]), and the
-//! same conversation sent as turn N and as turn N+1 shares a byte prefix up to
-//! the end of turn N, because every record is self-contained and nothing is
-//! appended after the last message.
+//! written: whitespace, escapes, the order of a request's and a message's
+//! fields, and Anthropic `cache_control` hints do not change it. Non-text
+//! values (tools, tool calls, non-text parts) are re-serialized as
+//! canonical JSON ([`crate::json_stream::Canon`]): members in the order
+//! they are written, since clients resend them byte for byte each turn.
+//! The same conversation sent as turn N and as turn N+1 shares a byte
+//! prefix up to the end of turn N, because every record is self-contained
+//! and nothing is appended after the last message.
 //!
 //! Records, in order (`RS` = 0x1E, `US` = 0x1F, `GS` = 0x1D):
 //! - tools: `RS "tools" US <canonical JSON>` (chat, responses, messages)
@@ -45,28 +48,26 @@
 //! (the router's); [`Scan`] serves both from one.
 //!
 //! Memory: no allocation per element. A one-bit-per-level stack for
-//! arbitrarily deep ignored values, and for canonical JSON (tools, tool
-//! calls, non-text parts) about 8 bytes per object whose keys must be
-//! reordered plus 2 per such member: at most 1.2x the body's bytes, measured
-//! (`tests/memory.rs`). Time: O(body bytes), plus O(m log m) key comparisons
-//! for an object of m members. Element-heavy bodies still cost more per
-//! byte than text (a few ns per element, about 100 ns per object whose keys
-//! are reordered, and each non-text part is hashed and adds 22 bytes to the
-//! stream; markers of values of at most 7 bytes are memoized by their
-//! bytes, canonical JSON is staged in 1 KiB before it reaches the part
-//! hasher or the sink; see BENCHMARKS.md).
+//! arbitrarily deep ignored values, and for canonical JSON (written in one
+//! streaming pass) a stack of at most 127 frames and a 1 KiB staging
+//! buffer (`tests/memory.rs` measures the peak per body byte). Time:
+//! O(body bytes). Element-heavy bodies still cost more per byte than text
+//! (a few ns per element; each non-text part is hashed and adds 22 bytes to
+//! the stream; markers of values of at most 7 bytes are memoized by their
+//! bytes; see BENCHMARKS.md), which the work budget bounds.
 //!
 //! Work budget: both passes charge each element they meet its measured
 //! native cost ([`crate::json_stream::cost`]: a value skipped 5 ns, a
 //! struct member 15, a non-text part's marker 10-30, a value of canonical
-//! JSON 30, a key of a reordered object 2 per level of the sort...) against
-//! [`budget`]: 20 us plus 1.4 ns a byte, 5x what a plain prompt costs. A body
-//! over it stops with [`ExtractError::TooComplex`] (the router's counted
-//! `too_complex` fallback), so no body costs much more than 5x a plain
-//! prompt of its size plus 20 us, whatever its elements. Charges are counts,
-//! not times: every machine and the .wasm decide alike. Legitimate bodies
-//! are charged well within it (a chat of short turns 0.63 ns a byte, an
-//! agent request with 120 tool schemas 1.15; `tests/budget.rs`).
+//! JSON 16...) against [`budget`]: 20 us plus 0.84 ns a byte, 3x what a
+//! plain prompt costs. A body over it stops with
+//! [`ExtractError::TooComplex`] (the router's counted `too_complex`
+//! fallback), so its elements cost at most 3x a plain prompt of its size
+//! plus 20 us, whatever they are (its bytes cost about 1x more). Charges
+//! are counts, not times: every machine and the .wasm decide alike.
+//! Legitimate bodies are charged within 0.7 of it (a chat of short turns
+//! and an agent request with 120 tool schemas 0.63 ns a byte;
+//! `tests/budget.rs`).
 //!
 //! Equivalence (bytes, anchor, metadata and error kind) is tested against
 //! the former serde extractor, kept in `tests/reference/`
@@ -77,8 +78,8 @@ use std::borrow::Cow;
 use crate::hash;
 use crate::json_stream::{
     colon, cost, decode_str, fast_skip, key_word, number_is_plain, scan_special, skip_lit,
-    skip_number, skip_number_fast, skip_value, str_is, text_part_head, word_of, ws, Canon, Fail,
-    Frames, NoOut, Put, Res, SmallOut, Staging, StrOut, Work, STAGE, TOO_COMPLEX,
+    skip_number, skip_number_fast, skip_str_counted, skip_value, str_is, text_part_head, word_of,
+    ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut, Staging, StrOut, Work, STAGE, TOO_COMPLEX,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -206,8 +207,8 @@ pub fn budget(len: usize) -> u64 {
 /// Budget for any body: 20 us (a 32 KiB agent request with twelve tool
 /// schemas is charged 17 us; a 1 MiB plain prompt costs about 290 us).
 pub const WORK_BASE_NS: u64 = 20_000;
-/// Budget per KiB of body: 1.4 ns a byte, 5x a plain prompt's 0.28.
-pub const WORK_NS_PER_KIB: u64 = 1434;
+/// Budget per KiB of body: 0.84 ns a byte, 3x a plain prompt's 0.28.
+pub const WORK_NS_PER_KIB: u64 = 863;
 
 /// A struct's fields: how many (for the array form) and their names as
 /// [`word_of`] words (a field's number is its place here).
@@ -306,6 +307,10 @@ struct Members {
     /// Where the next member (or the end) is looked for.
     i: usize,
     utf8_known: bool,
+    /// Escapes in the keys read so far (see [`Members::charge`]), and how
+    /// many a key may have before the walk stops (the budget's).
+    esc: u64,
+    max_esc: u64,
 }
 
 impl Members {
@@ -328,6 +333,8 @@ impl Members {
             allow_dup: false,
             i: i + 1,
             utf8_known,
+            esc: 0,
+            max_esc: u64::MAX,
         })
     }
 
@@ -370,6 +377,9 @@ impl Members {
             Some(x) => x,
             None => {
                 // Escapes, a long key, or not known to be UTF-8: decoded.
+                // Counted, stopping early past the budget's, before the
+                // decode checks it (the budget is charged per member).
+                self.esc += skip_str_counted(b, j + 1, false, self.max_esc)?.1;
                 let mut key = SmallOut::new();
                 let e = decode_str(b, j + 1, self.utf8_known, &mut key)?;
                 let w = key
@@ -393,6 +403,15 @@ impl Members {
     }
 }
 
+impl Members {
+    /// Charge a member (and the escapes of the keys since) to `work`.
+    #[inline]
+    fn charge(&mut self, work: &mut Work, at: usize) -> Res<()> {
+        let n = cost::MEMBER + std::mem::take(&mut self.esc) * cost::ESCAPE;
+        work.charge(n, at)
+    }
+}
+
 fn fail<T>(at: usize, what: &'static str) -> Res<T> {
     Err(Fail { at, what })
 }
@@ -408,6 +427,19 @@ fn opt_str(b: &[u8], i: usize, utf8_known: bool) -> Res<(usize, Option<usize>)> 
         Some(_) => fail(i, "invalid type: expected a string"),
         None => fail(i, "EOF while parsing a value"),
     }
+}
+
+/// [`opt_str`] in the first pass: the string's escapes charged to `work`
+/// (for both passes).
+fn opt_str_w(b: &[u8], i: usize, utf8_known: bool, work: &mut Work) -> Res<(usize, Option<usize>)> {
+    let i = ws(b, i);
+    if b.get(i) != Some(&b'"') {
+        return opt_str(b, i, utf8_known);
+    }
+    // Counted (and stopped early) before the decode checks it.
+    let (_, n) = skip_str_counted(b, i + 1, false, work.escapes())?;
+    work.charge(n * cost::ESCAPE, i)?;
+    opt_str(b, i, utf8_known)
 }
 
 /// `Option<&RawValue>`: null, or any value whose bytes are UTF-8. Returns
@@ -437,11 +469,12 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
             return Ok(end);
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
+        m.max_esc = st.work.escapes();
         while let Some((id, v)) = m.next(b)? {
-            st.work.charge(cost::MEMBER, v)?;
+            m.charge(&mut st.work, v)?;
             m.i = match id {
                 Some(M_CONTENT | M_TOOL_CALLS) => opt_raw(b, v, st)?.0,
-                Some(_) => opt_str(b, v, false)?.0,
+                Some(_) => opt_str_w(b, v, false, &mut st.work)?.0,
                 None => skip_value(b, v, false, st)?,
             };
         }
@@ -458,11 +491,12 @@ fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option
     }
     let mut user_id = None;
     let mut m = Members::open(b, i, META_FIELDS, false)?;
+    m.max_esc = st.work.escapes();
     while let Some((id, v)) = m.next(b)? {
-        st.work.charge(cost::MEMBER, v)?;
+        m.charge(&mut st.work, v)?;
         m.i = match id {
             Some(_) => {
-                let (e, s) = opt_str(b, v, false)?;
+                let (e, s) = opt_str_w(b, v, false, &mut st.work)?;
                 user_id = s;
                 e
             }
@@ -542,13 +576,14 @@ fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
         Err(e) => return both(e),
     };
     m.allow_dup = true;
+    m.max_esc = st.work.escapes();
     loop {
         let (id, v) = match m.next(b) {
             Ok(Some(x)) => x,
             Ok(None) => break,
             Err(e) => return both(e),
         };
-        if let Err(e) = st.work.charge(cost::MEMBER, v) {
+        if let Err(e) = m.charge(&mut st.work, v) {
             return both(e);
         }
         if m.dup {
@@ -592,7 +627,9 @@ fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
         // The request view.
         let r = match (body_err, id) {
             (Some(_), _) | (None, None) => skip_value(b, v, false, &mut st).map(|e| (e, None)),
-            (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => opt_str(b, v, false),
+            (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => {
+                opt_str_w(b, v, false, &mut st.work)
+            }
             (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st),
             (None, Some(F_METADATA)) => opt_anthropic_meta(b, v, &mut st),
             (None, Some(_)) => opt_raw(b, v, &mut st),
@@ -1477,52 +1514,6 @@ fn hex16(h: u64) -> [u8; 16] {
     out
 }
 
-/// Canonical JSON: object keys sorted bytewise, no whitespace, strings
-/// escaped as serde_json does, `cache_control` keys dropped (Anthropic cache
-/// hints do not change what the model sees). The extractor writes the same
-/// bytes straight from the body ([`crate::json_stream::Canon`]); this
-/// tree-based form is the definition, kept for tests and tools.
-pub fn write_canonical_json(v: &serde_json::Value, out: &mut Vec<u8>) {
-    use serde_json::Value;
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().filter(|k| *k != "cache_control").collect();
-            keys.sort_unstable();
-            out.push(b'{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_json_str(k, out);
-                out.push(b':');
-                if let Some(val) = m.get(*k) {
-                    write_canonical_json(val, out);
-                }
-            }
-            out.push(b'}');
-        }
-        Value::Array(a) => {
-            out.push(b'[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                write_canonical_json(x, out);
-            }
-            out.push(b']');
-        }
-        Value::String(s) => write_json_str(s, out),
-        other => out.extend_from_slice(other.to_string().as_bytes()),
-    }
-}
-
-fn write_json_str(s: &str, out: &mut Vec<u8>) {
-    // serde_json's string serialization never fails for a Vec writer.
-    if serde_json::to_writer(&mut *out, s).is_err() {
-        out.extend_from_slice(b"\"\"");
-    }
-}
-
 /// Canonical JSON of the JSON text `value` by the streaming writer, with the
 /// errors of `serde_json::from_slice::<Value>`; for tests and tools.
 pub fn canonical_json(value: &[u8]) -> Result<Vec<u8>, ExtractError> {
@@ -1562,11 +1553,14 @@ mod tests {
     }
 
     #[test]
-    fn chat_key_order_and_whitespace_do_not_matter() {
+    fn chat_whitespace_and_field_order_do_not_matter() {
         let a = r#"{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"b":1,"a":2}}}]}"#;
-        let b = r#"{ "tools" : [ {"function":{"parameters":{"a":2,"b":1},"name":"f"},"type":"function"} ],
+        let b = r#"{ "tools" : [ {"type":"function", "function":{"name":"f","parameters":{"b":1 ,"a":2}}} ],
                     "messages":[{"content":"S","role":"system"},{ "content":"hi","role":"user"}], "model":"m" }"#;
         assert_eq!(run(Api::ChatCompletions, a), run(Api::ChatCompletions, b));
+        // Inside canonical JSON, members keep the order they are written in.
+        let c = a.replace(r#"{"b":1,"a":2}"#, r#"{"a":2,"b":1}"#);
+        assert_ne!(run(Api::ChatCompletions, a), run(Api::ChatCompletions, &c));
     }
 
     #[test]
@@ -1591,7 +1585,7 @@ mod tests {
     #[test]
     fn non_text_parts_get_stable_markers() {
         let a = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"http://x/1.png","detail":"low"}}]}]}"#;
-        let b = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"image_url":{"detail":"low","url":"http://x/1.png"},"type":"image_url"}]}]}"#;
+        let b = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"see"},{ "type":"image_url","image_url":{"url":"http://x/1.png", "detail":"low"},"cache_control":{"type":"ephemeral"}}]}]}"#;
         let c = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"see"},{"type":"image_url","image_url":{"url":"http://x/2.png"}}]}]}"#;
         let (ba, _, _) = run(Api::ChatCompletions, a);
         assert_eq!(ba, run(Api::ChatCompletions, b).0);
@@ -1622,7 +1616,7 @@ mod tests {
         let a = r#"{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"}]}"#;
         let (b, _, _) = run(Api::ChatCompletions, a);
         let s = String::from_utf8_lossy(&b);
-        assert!(s.contains("tool_calls=[{\"function\""));
+        assert!(s.contains("tool_calls=[{\"id\":\"c1\",\"type\""));
         assert!(s.contains("tool_call_id=c1"));
     }
 

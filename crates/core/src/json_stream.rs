@@ -24,8 +24,6 @@
 //! non-text parts) keep serde's recursion limit: at most 127 nested
 //! containers ([`MAX_DEPTH`]), walked with fixed-size stacks.
 
-use std::cmp::Ordering;
-
 /// A parse failure: where and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fail {
@@ -154,6 +152,13 @@ fn hex4(b: &[u8], i: usize) -> Res<(u16, usize)> {
 /// Returns the index after the closing quote.
 #[inline]
 pub fn skip_str(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
+    Ok(skip_str_counted(b, i, utf8, u64::MAX)?.0)
+}
+
+/// [`skip_str`], also counting the string's escapes (a `\u` one as two);
+/// stops with [`TOO_COMPLEX`] past `max` of them.
+#[inline]
+pub fn skip_str_counted(b: &[u8], i: usize, utf8: bool, max: u64) -> Res<(usize, u64)> {
     // A short ASCII string without escapes (a key, a short value) inline.
     if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
         let w = u64::from_le_bytes(*c);
@@ -161,31 +166,42 @@ pub fn skip_str(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
         if m != 0 {
             let at = (m.trailing_zeros() / 8) as usize;
             if c.get(at) == Some(&b'"') && w & HIGH & (m - 1) == 0 {
-                return Ok(i + at + 1);
+                return Ok((i + at + 1, 0));
             }
         }
     }
-    skip_str_at(b, i, utf8)
+    skip_str_at(b, i, utf8, max)
 }
 
-/// [`skip_str`] out of line.
-fn skip_str_at(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
+/// [`skip_str_counted`] out of line.
+fn skip_str_at(b: &[u8], i: usize, utf8: bool, max: u64) -> Res<(usize, u64)> {
     let start = i;
     let mut i = i;
     let mut hi = false;
+    let mut escapes = 0u64;
     loop {
         let (j, h) = scan_special(b, i);
         hi |= h;
+        if escapes > max {
+            return fail(j, TOO_COMPLEX);
+        }
         match b.get(j) {
             Some(b'"') => {
                 if utf8 && hi && std::str::from_utf8(b.get(start..j).unwrap_or(&[])).is_err() {
                     return fail(start, "invalid unicode code point");
                 }
-                return Ok(j + 1);
+                return Ok((j + 1, escapes));
             }
             Some(b'\\') => match b.get(j + 1) {
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i = j + 2,
-                Some(b'u') => i = hex4(b, j + 2)?.1,
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => {
+                    escapes += 1;
+                    i = j + 2
+                }
+                Some(b'u') => {
+                    // Six bytes and a hex decode: about twice the others.
+                    escapes += 2;
+                    i = hex4(b, j + 2)?.1
+                }
                 Some(_) => return fail(j + 1, "invalid escape"),
                 None => return fail(j + 1, "EOF while parsing a string"),
             },
@@ -526,6 +542,12 @@ impl Default for Work {
 }
 
 impl Work {
+    /// How many escapes the budget has left.
+    #[inline]
+    pub fn escapes(&self) -> u64 {
+        self.0 / cost::ESCAPE
+    }
+
     /// Spend `n`; fails at `at` once the budget is spent.
     #[inline(always)]
     pub fn charge(&mut self, n: u64, at: usize) -> Res<()> {
@@ -558,10 +580,11 @@ pub mod cost {
     pub const MARKER: u64 = 10;
     /// A marker's hash and hex when not memoized.
     pub const HASH: u64 = 20;
-    /// A value of canonical JSON (checked, indexed, written; with its key).
-    pub const CANON: u64 = 30;
-    /// A key of a reordered object, per level of the sort.
-    pub const SORT: u64 = 2;
+    /// A value of canonical JSON (checked and written; with its key).
+    pub const CANON: u64 = 16;
+    /// An escape in a string, met by the first pass (decoding it again in
+    /// the second, and in canonical JSON, included).
+    pub const ESCAPE: u64 = 12;
 }
 
 /// Open containers of an ignored value, one bit per level (1: object):
@@ -626,7 +649,11 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
         i = ws(b, i);
         st.work.charge(cost::TOKEN, i)?;
         match b.get(i) {
-            Some(b'"') => i = skip_str(b, i + 1, utf8)?,
+            Some(b'"') => {
+                let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
+                st.work.charge(n * cost::ESCAPE, i)?;
+                i = j;
+            }
             Some(b'-' | b'0'..=b'9') => {
                 // Digits cost about 1 ns each.
                 let j = skip_number_fast(b, i)?;
@@ -650,7 +677,9 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
                 match b.get(i) {
                     Some(b'}') => i += 1,
                     Some(b'"') => {
-                        i = colon(b, skip_str(b, i + 1, utf8)?)?;
+                        let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
+                        st.work.charge(n * cost::ESCAPE, i)?;
+                        i = colon(b, j)?;
                         st.push(true);
                         continue;
                     }
@@ -674,7 +703,11 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
                     if obj {
                         i = ws(b, i);
                         match b.get(i) {
-                            Some(b'"') => i = colon(b, skip_str(b, i + 1, utf8)?)?,
+                            Some(b'"') => {
+                                let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
+                                st.work.charge(n * cost::ESCAPE, i)?;
+                                i = colon(b, j)?
+                            }
                             Some(_) => return fail(i, "key must be a string"),
                             None => return fail(i, "EOF while parsing a value"),
                         }
@@ -794,85 +827,6 @@ fn str_bytes(b: &[u8], q: usize) -> StrBytes<'_> {
         plen: 0,
         pidx: 0,
     }
-}
-
-/// Compare two (validated) strings by their decoded bytes, as `String`'s
-/// order; `x` and `y` are the offsets of their opening quotes.
-pub fn cmp_str(b: &[u8], x: usize, y: usize) -> Ordering {
-    // Eight bytes at a time while neither has an escape or its end.
-    let (mut p, mut q) = (x + 1, y + 1);
-    while let (Some(u), Some(v)) = (b.get(p..p + 8), b.get(q..q + 8)) {
-        let (u, v) = (word(u), word(v));
-        let (mu, mv) = (quote_mask(u), quote_mask(v));
-        let su = if mu == 0 {
-            64
-        } else {
-            mu.trailing_zeros() & !7
-        };
-        let sv = if mv == 0 {
-            64
-        } else {
-            mv.trailing_zeros() & !7
-        };
-        let s = su.min(sv);
-        let diff = u ^ v;
-        let d = if diff == 0 {
-            64
-        } else {
-            diff.trailing_zeros() & !7
-        };
-        if d < s {
-            // Both go on with plain bytes up to a first difference.
-            return ((u >> d) as u8).cmp(&((v >> d) as u8));
-        }
-        if s == 64 {
-            p += 8;
-            q += 8;
-            continue;
-        }
-        // Equal up to a quote or a backslash at byte s/8 of one or both.
-        let (cu, cv) = ((u >> s) as u8, (v >> s) as u8);
-        match (cu == b'"', cv == b'"') {
-            (true, true) => return Ordering::Equal,
-            (true, false) => return Ordering::Less,
-            (false, true) => return Ordering::Greater,
-            (false, false) => {
-                // An escape: decode.
-                return str_bytes(b, x).cmp(str_bytes(b, y));
-            }
-        }
-    }
-    // Byte by byte while neither has an escape: equal so far means equal
-    // decoded bytes so far; a closing quote ends the shorter string.
-    while let (Some(&c), Some(&d)) = (b.get(p), b.get(q)) {
-        if c == b'\\' || d == b'\\' {
-            break;
-        }
-        if c != d {
-            return match (c, d) {
-                (b'"', _) => Ordering::Less,
-                (_, b'"') => Ordering::Greater,
-                _ => c.cmp(&d),
-            };
-        }
-        if c == b'"' {
-            return Ordering::Equal;
-        }
-        p += 1;
-        q += 1;
-    }
-    str_bytes(b, x).cmp(str_bytes(b, y))
-}
-
-/// High bit set in each byte of `w` that is `"` or `\` (the lowest set
-/// bit is exact; higher ones may be false positives).
-#[inline(always)]
-fn quote_mask(w: u64) -> u64 {
-    let q = w ^ (ONES * u64::from(b'"'));
-    let q = q.wrapping_sub(ONES) & !q;
-    let s = w ^ (ONES * u64::from(b'\\'));
-    let s = s.wrapping_sub(ONES) & !s;
-    (q | s) & HIGH
 }
 
 /// Whether the (validated) string at `q` decodes to `lit` (which has no
@@ -1053,132 +1007,38 @@ fn put_number(tok: &[u8], at: usize, out: &mut Stage) -> Res<()> {
     Ok(())
 }
 
-/// Canonical JSON of a value (object keys sorted bytewise after decoding,
-/// duplicate keys keeping the last, `cache_control` keys dropped, no
-/// whitespace, strings escaped as serde_json does), exactly as
-/// `extract::write_canonical_json(&serde_json::from_str(value))`, with the
-/// same errors (serde's checks of strings and numbers, its recursion limit).
+/// Canonical JSON of a value: object members in body order (duplicates
+/// kept), `cache_control` members dropped (Anthropic cache hints do not
+/// change what the model sees), no whitespace, strings escaped and numbers
+/// printed as serde_json does; with serde_json's errors for the value (its
+/// checks of strings and numbers, its recursion limit).
 ///
-/// Two passes over the value: the first validates it and records, for each
-/// object whose members must be reordered, their key offsets in sorted
-/// order; the second writes. Scratch memory is reused across values and is
-/// at most a few bytes per object member of the value.
+/// One streaming pass: the value is written as it is read, so after an
+/// error part of it may have been written (the extractor then discards the
+/// whole stream). Scratch memory: a stack of at most 127 frames and the
+/// 1 KiB staging buffer, reused across values.
 #[derive(Debug, Default)]
 pub struct Canon {
-    tape: Tape,
-    /// The two passes' stacks (kept to spare their initialization per value).
-    ix: Vec<IxFrame>,
-    em: Vec<EmFrame>,
+    /// Open containers: (is an object, a member of it was written).
+    stack: Vec<(bool, bool)>,
     /// The buffer of [`Stage`] (allocated at the first value).
     stage: Vec<u8>,
     /// The budget values are charged to (unlimited by default).
     pub work: Work,
 }
 
-/// The first pass's record: which objects to write in another order.
-#[derive(Debug, Default)]
-struct Tape {
-    /// Key offsets of the members of the open objects (first pass).
-    members: Vec<u32>,
-    /// Per reordered object: start, end, member count, key offsets.
-    blocks: Arena,
-    /// Block positions, sorted by object start.
-    index: Vec<u32>,
-    /// Where in `index` the last lookup found its block.
-    hint: std::cell::Cell<usize>,
-}
-
-const ARENA_CHUNK: usize = 4096;
-
-/// Push, growing the capacity by half (not double) when full.
-#[inline]
-fn push_slow_growth(v: &mut Vec<u32>, x: u32) {
-    if v.len() == v.capacity() {
-        v.reserve_exact(v.len() / 2 + 64);
-    }
-    v.push(x);
-}
-
-/// Marks a block in the large format.
-const LARGE: u32 = u32::MAX;
-
-/// Whether a member count fits the small block format (15 bits).
-fn n_kept_fits(n: usize) -> bool {
-    n < 0x8000
-}
-
-/// A growable array of u32 in fixed chunks: growing never copies or holds
-/// two buffers at once, and the slack is at most one chunk.
-#[derive(Debug, Default)]
-struct Arena {
-    chunks: Vec<Vec<u32>>,
-    len: usize,
-}
-
-impl Arena {
-    fn clear(&mut self) {
-        self.chunks.truncate(1);
-        if let Some(c) = self.chunks.first_mut() {
-            c.clear();
-        }
-        self.len = 0;
-    }
-
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn push(&mut self, x: u32) {
-        let c = self.len / ARENA_CHUNK;
-        if c == self.chunks.len() {
-            self.chunks.push(Vec::with_capacity(ARENA_CHUNK));
-        }
-        if let Some(ch) = self.chunks.get_mut(c) {
-            ch.push(x);
-            self.len += 1;
-        }
-    }
-
-    fn get(&self, pos: usize) -> Option<u32> {
-        self.chunks
-            .get(pos / ARENA_CHUNK)?
-            .get(pos % ARENA_CHUNK)
-            .copied()
-    }
-}
-
-/// A frame of the first pass.
-#[derive(Debug, Clone, Copy, Default)]
-struct IxFrame {
-    obj: bool,
-    start: u32,
-    base: u32,
-}
-
-/// A frame of the second pass.
-#[derive(Debug, Clone, Copy)]
-enum EmFrame {
-    Arr,
-    /// Members in body order; `written`: one was written.
-    Stream {
-        written: bool,
-    },
-    /// Members from `blocks[pos..]`; `k` of `n` written; `end`: after `}`.
-    Block {
-        pos: u32,
-        k: u32,
-        n: u32,
-        end: u32,
-    },
-}
-
 const CACHE_CONTROL: &[u8] = b"cache_control";
+
+/// Output that goes nowhere (a dropped member, still checked).
+struct Discard;
+impl Put for Discard {
+    fn put(&mut self, _: &[u8]) {}
+}
 
 impl Canon {
     /// Bytes of scratch memory held.
     pub fn capacity_bytes(&self) -> usize {
-        let t = &self.tape;
-        (t.members.capacity() + t.index.capacity() + t.blocks.chunks.len() * ARENA_CHUNK) * 4
+        self.stack.capacity() * 2 + self.stage.capacity()
     }
 
     /// Write the canonical JSON of the value at `i` (its first byte, after
@@ -1194,334 +1054,14 @@ impl Canon {
     }
 
     fn write_dyn(&mut self, b: &[u8], i: usize, out: &mut dyn Put) -> Res<(usize, Option<usize>)> {
-        if b.len() > u32::MAX as usize {
-            return fail(0, "body too large");
-        }
-        let Canon {
-            tape,
-            ix,
-            em,
-            stage,
-            work,
-        } = self;
+        let Canon { stack, stage, work } = self;
         if stage.len() < STAGE {
             stage.resize(STAGE, 0);
         }
         let mut out = Stage::new(stage, out);
-        let r = Self::write_staged(tape, ix, em, work, b, i, &mut out);
+        let r = Self::emit(b, i, &mut out, stack, work, 0);
         out.flush();
         r
-    }
-
-    fn write_staged(
-        tape: &mut Tape,
-        ix: &mut Vec<IxFrame>,
-        em: &mut Vec<EmFrame>,
-        work: &mut Work,
-        b: &[u8],
-        i: usize,
-        out: &mut Stage,
-    ) -> Res<(usize, Option<usize>)> {
-        if !matches!(b.get(i), Some(b'[' | b'{')) {
-            return Ok((scalar(b, i, out)?, None));
-        }
-        tape.members.clear();
-        tape.blocks.clear();
-        tape.index.clear();
-        tape.hint.set(0);
-        if ix.len() < MAX_DEPTH {
-            ix.resize(MAX_DEPTH, IxFrame::default());
-        }
-        let (end, ty) = tape.index_value(b, i, ix, work)?;
-        let blocks = &tape.blocks;
-        tape.index
-            .sort_unstable_by_key(|&p| blocks.get(p as usize).unwrap_or(0));
-        if em.len() < MAX_DEPTH {
-            em.resize(MAX_DEPTH, EmFrame::Arr);
-        }
-        tape.emit(b, i, out, em)?;
-        Ok((end, ty))
-    }
-}
-
-/// Canonical JSON of the scalar at `i` (checked as serde parses it).
-fn scalar(b: &[u8], i: usize, out: &mut Stage) -> Res<usize> {
-    match b.get(i) {
-        Some(b'"') => {
-            out.put(b"\"");
-            let j = decode_str(b, i + 1, true, &mut Escaper(out))?;
-            out.put(b"\"");
-            Ok(j)
-        }
-        Some(b'-' | b'0'..=b'9') => {
-            let j = skip_number(b, i)?;
-            put_number(b.get(i..j).unwrap_or(&[]), i, out)?;
-            Ok(j)
-        }
-        Some(b'n') => {
-            out.put(b"null");
-            skip_lit(b, i, b"null")
-        }
-        Some(b't') => {
-            out.put(b"true");
-            skip_lit(b, i, b"true")
-        }
-        Some(b'f') => {
-            out.put(b"false");
-            skip_lit(b, i, b"false")
-        }
-        Some(_) => fail(i, "expected value"),
-        None => fail(i, "EOF while parsing a value"),
-    }
-}
-
-impl Tape {
-    /// Record a key at `q` of an open object (validating it); returns the
-    /// index of the member's value (after `:`).
-    fn key(&mut self, b: &[u8], q: usize) -> Res<usize> {
-        push_slow_growth(&mut self.members, q as u32);
-        colon(b, decode_str_fast(b, q + 1, true, &mut NoOut)?)
-    }
-
-    /// First pass: validate, and index the objects to reorder.
-    fn index_value(
-        &mut self,
-        b: &[u8],
-        i: usize,
-        stack: &mut [IxFrame],
-        work: &mut Work,
-    ) -> Res<(usize, Option<usize>)> {
-        let mut d = 0usize;
-        let mut ty = None;
-        let mut i = i;
-        loop {
-            i = ws(b, i);
-            work.charge(cost::CANON, i)?;
-            match b.get(i) {
-                Some(b'"') => i = decode_str(b, i + 1, true, &mut NoOut)?,
-                Some(b'-' | b'0'..=b'9') => {
-                    let j = skip_number_fast(b, i)?;
-                    let tok = b.get(i..j).unwrap_or(&[]);
-                    // A lone digit is plain.
-                    if j > i + 1 && !number_is_plain(tok) {
-                        number_value(tok, i)?;
-                    }
-                    i = j;
-                }
-                Some(b'n') => i = skip_lit(b, i, b"null")?,
-                Some(b't') => i = skip_lit(b, i, b"true")?,
-                Some(b'f') => i = skip_lit(b, i, b"false")?,
-                Some(&c @ (b'[' | b'{')) => {
-                    let Some(slot) = stack.get_mut(d) else {
-                        return fail(i, "recursion limit exceeded");
-                    };
-                    let obj = c == b'{';
-                    *slot = IxFrame {
-                        obj,
-                        start: i as u32,
-                        base: self.members.len() as u32,
-                    };
-                    d += 1;
-                    let start = i;
-                    i = ws(b, i + 1);
-                    match (b.get(i), obj) {
-                        (Some(b']'), false) => {
-                            i += 1;
-                            d -= 1;
-                        }
-                        (Some(b'}'), true) => {
-                            i += 1;
-                            d -= 1;
-                        }
-                        (Some(b'"'), true) => {
-                            if d == 1 && str_is(b, i, b"type") {
-                                ty =
-                                    Some(ws(b, colon(b, decode_str(b, i + 1, true, &mut NoOut)?)?));
-                            }
-                            i = self.key(b, i)?;
-                            continue;
-                        }
-                        (Some(_), true) => return fail(i, "key must be a string"),
-                        (Some(_), false) => continue,
-                        (None, _) => return fail(start, "EOF while parsing a value"),
-                    }
-                }
-                Some(_) => return fail(i, "expected value"),
-                None => return fail(i, "EOF while parsing a value"),
-            }
-            // A value ended.
-            loop {
-                let Some(top) = d.checked_sub(1).and_then(|t| stack.get(t)).copied() else {
-                    return Ok((i, ty));
-                };
-                i = ws(b, i);
-                match b.get(i) {
-                    Some(b',') => {
-                        i = ws(b, i + 1);
-                        if top.obj {
-                            if b.get(i) != Some(&b'"') {
-                                return fail(i, "key must be a string");
-                            }
-                            if d == 1 && str_is(b, i, b"type") {
-                                ty =
-                                    Some(ws(b, colon(b, decode_str(b, i + 1, true, &mut NoOut)?)?));
-                            }
-                            i = self.key(b, i)?;
-                        }
-                        break;
-                    }
-                    Some(b']') if !top.obj => {
-                        i += 1;
-                        d -= 1;
-                    }
-                    Some(b'}') if top.obj => {
-                        i += 1;
-                        d -= 1;
-                        // Sorting m keys: m levels of comparisons per key
-                        // at most log2(m) + 1 deep.
-                        let m = (self.members.len() as u64).saturating_sub(u64::from(top.base));
-                        if m >= 2 {
-                            work.charge(cost::SORT * m * u64::from(m.ilog2() + 1), i)?;
-                        }
-                        self.close_object(b, top.start, top.base as usize, i);
-                    }
-                    _ => return fail(i, "expected `,` or end of container"),
-                }
-            }
-        }
-    }
-
-    /// An object's members are known: record their order if it is not the
-    /// body's (fewer than two members never need it: a lone `cache_control`
-    /// is dropped while writing).
-    fn close_object(&mut self, b: &[u8], start: u32, base: usize, end: usize) {
-        const DROPPED: u32 = u32::MAX;
-        let Some(ms) = self.members.get_mut(base..) else {
-            return;
-        };
-        if ms.len() >= 2 {
-            // Two members (the commonest reordered object): one comparison
-            // orders them and tells a duplicate (they are in body order).
-            let mut pair_dup = false;
-            if let [x, y] = ms {
-                match cmp_str(b, *x as usize, *y as usize) {
-                    Ordering::Greater => std::mem::swap(x, y),
-                    Ordering::Equal => pair_dup = true,
-                    Ordering::Less => {}
-                }
-            } else {
-                ms.sort_unstable_by(|&x, &y| cmp_str(b, x as usize, y as usize).then(x.cmp(&y)));
-            }
-            let pair = ms.len() == 2;
-            // Keep the last of equal keys, drop cache_control.
-            let mut in_order = true;
-            let mut prev_kept: Option<u32> = None;
-            let mut kept = 0u32;
-            for k in 0..ms.len() {
-                let Some(&off) = ms.get(k) else { break };
-                let dup_next = if pair {
-                    k == 0 && pair_dup
-                } else {
-                    ms.get(k + 1)
-                        .is_some_and(|&nx| cmp_str(b, off as usize, nx as usize) == Ordering::Equal)
-                };
-                if dup_next || str_is(b, off as usize, CACHE_CONTROL) {
-                    in_order = false;
-                    if let Some(m) = ms.get_mut(k) {
-                        *m = DROPPED;
-                    }
-                    continue;
-                }
-                if prev_kept.is_some_and(|p| p > off) {
-                    in_order = false;
-                }
-                prev_kept = Some(off);
-                kept += 1;
-            }
-            if !in_order {
-                // Block: start; then, if the object is shorter than 64 KiB,
-                // one word of span and count and the key offsets relative to
-                // the start two to a word; else a flag word, end, count and
-                // the offsets as they are.
-                push_slow_growth(&mut self.index, self.blocks.len() as u32);
-                self.blocks.push(start);
-                let span = (end as u32).saturating_sub(start);
-                let keep = ms.iter().filter(|&&o| o != DROPPED);
-                if span <= 0xFFFF && n_kept_fits(kept as usize) {
-                    self.blocks.push(span | kept << 16);
-                    let mut pair: Option<u32> = None;
-                    for &off in keep {
-                        let rel = off.saturating_sub(start);
-                        match pair.take() {
-                            None => pair = Some(rel),
-                            Some(lo) => self.blocks.push(lo | rel << 16),
-                        }
-                    }
-                    if let Some(lo) = pair {
-                        self.blocks.push(lo);
-                    }
-                } else {
-                    self.blocks.push(LARGE);
-                    self.blocks.push(end as u32);
-                    self.blocks.push(kept);
-                    for &off in keep {
-                        self.blocks.push(off);
-                    }
-                }
-            }
-        }
-        self.members.truncate(base);
-    }
-
-    /// The end (after `}`) and member count of the block at `pos`.
-    fn block_head(&self, pos: u32) -> (u32, u32) {
-        let p = pos as usize;
-        let start = self.blocks.get(p).unwrap_or(0);
-        match self.blocks.get(p + 1).unwrap_or(0) {
-            LARGE => (
-                self.blocks.get(p + 2).unwrap_or(0),
-                self.blocks.get(p + 3).unwrap_or(0),
-            ),
-            w => (start + (w & 0xFFFF), w >> 16),
-        }
-    }
-
-    /// The key offset of member `k` of the block at `pos`.
-    fn block_member(&self, pos: u32, k: u32) -> Option<usize> {
-        let (p, k) = (pos as usize, k as usize);
-        let start = self.blocks.get(p)?;
-        match self.blocks.get(p + 1)? {
-            LARGE => self.blocks.get(p + 4 + k).map(|o| o as usize),
-            _ => {
-                let w = self.blocks.get(p + 2 + k / 2)?;
-                let rel = if k % 2 == 0 { w & 0xFFFF } else { w >> 16 };
-                Some((start + rel) as usize)
-            }
-        }
-    }
-
-    fn block_of(&self, start: usize) -> Option<u32> {
-        let at = |k: usize| {
-            self.index
-                .get(k)
-                .filter(|&&p| self.blocks.get(p as usize) == Some(start as u32))
-                .copied()
-        };
-        // Objects in an array are met in the order of the index.
-        let h = self.hint.get();
-        if let Some(p) = at(h + 1) {
-            self.hint.set(h + 1);
-            return Some(p);
-        }
-        if let Some(p) = at(h) {
-            return Some(p);
-        }
-        let k = self
-            .index
-            .binary_search_by_key(&Some(start as u32), |&p| self.blocks.get(p as usize))
-            .ok()?;
-        self.hint.set(k);
-        self.index.get(k).copied()
     }
 
     /// Write `"key":` for the key at `q`; returns the index of its value.
@@ -1532,17 +1072,22 @@ impl Tape {
         colon(b, j)
     }
 
-    /// Next member of a streamed object: `i` is after `{` (`at_start`) or
-    /// after a member's value. Writes `,` (if a member was `written`) and
-    /// `"key":`, and returns the index of the member's value; or None at `}`
-    /// (then `i` is after it). Skips `cache_control` members.
-    fn next_streamed(
+    /// Next member of an object: `i` is after `{` (`at_start`) or after a
+    /// member's value. Writes `,` (if a member was `written`) and `"key":`,
+    /// and returns the index of the member's value and of its key's opening
+    /// quote; or None at `}` (then `i` is after it). Skips `cache_control`
+    /// members (checked as any value, without output: `depth` containers
+    /// are open, this object included).
+    #[allow(clippy::too_many_arguments)]
+    fn next_member(
         b: &[u8],
         i: &mut usize,
         at_start: bool,
         written: &mut bool,
         out: &mut Stage,
-    ) -> Res<Option<usize>> {
+        depth: usize,
+        work: &mut Work,
+    ) -> Res<Option<(usize, usize)>> {
         let mut at_start = at_start;
         loop {
             let mut j = ws(b, *i);
@@ -1560,7 +1105,9 @@ impl Tape {
             }
             if str_is(b, j, CACHE_CONTROL) {
                 let v = colon(b, decode_str(b, j + 1, true, &mut NoOut)?)?;
-                *i = fast_skip(b, v)?;
+                let (mut buf, mut discard) = ([0u8; 64], Discard);
+                let mut none = Stage::new(&mut buf, &mut discard);
+                *i = Self::emit(b, v, &mut none, &mut Vec::new(), work, depth)?.0;
                 at_start = false;
                 continue;
             }
@@ -1568,17 +1115,27 @@ impl Tape {
                 out.put(b",");
             }
             *written = true;
-            return Ok(Some(Self::put_key(b, j, out)?));
+            return Ok(Some((Self::put_key(b, j, out)?, j)));
         }
     }
 
-    /// Second pass: write.
-    fn emit(&self, b: &[u8], i: usize, out: &mut Stage, stack: &mut [EmFrame]) -> Res<usize> {
-        let mut d = 0usize;
+    /// The pass: write each value as it is read (`base` containers are
+    /// open around it).
+    fn emit(
+        b: &[u8],
+        i: usize,
+        out: &mut Stage,
+        stack: &mut Vec<(bool, bool)>,
+        work: &mut Work,
+        base: usize,
+    ) -> Res<(usize, Option<usize>)> {
+        stack.clear();
+        let mut ty = None;
         let mut i = i;
         loop {
             // Write the value at i.
             i = ws(b, i);
+            work.charge(cost::CANON, i)?;
             let mut opened = false;
             match b.get(i) {
                 Some(b'"') => {
@@ -1609,57 +1166,39 @@ impl Tape {
                     i = skip_lit(b, i, b"false")?;
                     out.put(b"false");
                 }
-                Some(b'[') => {
-                    out.put(b"[");
-                    let j = ws(b, i + 1);
-                    if b.get(j) == Some(&b']') {
-                        out.put(b"]");
-                        i = j + 1;
-                    } else {
-                        let Some(slot) = stack.get_mut(d) else {
-                            return fail(i, "recursion limit exceeded");
-                        };
-                        *slot = EmFrame::Arr;
-                        d += 1;
-                        i = j;
-                        opened = true;
-                    }
-                }
-                Some(b'{') => {
-                    out.put(b"{");
-                    let Some(slot) = stack.get_mut(d) else {
+                Some(&c @ (b'[' | b'{')) => {
+                    // serde counts a container against its recursion limit
+                    // even when it is empty.
+                    if base + stack.len() >= MAX_DEPTH {
                         return fail(i, "recursion limit exceeded");
-                    };
-                    match self.block_of(i) {
-                        Some(pos) => {
-                            let (end, n) = self.block_head(pos);
-                            match self.block_member(pos, 0) {
-                                Some(q) if n > 0 => {
-                                    *slot = EmFrame::Block { pos, k: 1, n, end };
-                                    d += 1;
-                                    i = Self::put_key(b, q, out)?;
-                                    opened = true;
-                                }
-                                _ => {
-                                    out.put(b"}");
-                                    i = end as usize;
-                                }
-                            }
+                    }
+                    if c == b'[' {
+                        out.put(b"[");
+                        let j = ws(b, i + 1);
+                        if b.get(j) == Some(&b']') {
+                            out.put(b"]");
+                            i = j + 1;
+                        } else {
+                            stack.push((false, false));
+                            i = j;
+                            opened = true;
                         }
-                        None => {
-                            let mut written = false;
-                            let mut j = i + 1;
-                            match Self::next_streamed(b, &mut j, true, &mut written, out)? {
-                                Some(v) => {
-                                    *slot = EmFrame::Stream { written };
-                                    d += 1;
-                                    i = v;
-                                    opened = true;
+                    } else {
+                        out.put(b"{");
+                        let (mut written, mut j) = (false, i + 1);
+                        let depth = base + stack.len() + 1;
+                        match Self::next_member(b, &mut j, true, &mut written, out, depth, work)? {
+                            Some((v, q)) => {
+                                if stack.is_empty() && str_is(b, q, b"type") {
+                                    ty = Some(ws(b, v));
                                 }
-                                None => {
-                                    out.put(b"}");
-                                    i = j;
-                                }
+                                stack.push((true, written));
+                                i = v;
+                                opened = true;
+                            }
+                            None => {
+                                out.put(b"}");
+                                i = j;
                             }
                         }
                     }
@@ -1672,55 +1211,39 @@ impl Tape {
             }
             // A value ended: advance in its container.
             loop {
-                let Some(t) = d.checked_sub(1) else {
-                    return Ok(i);
+                let depth = stack.len();
+                let Some(top) = stack.last_mut() else {
+                    return Ok((i, ty));
                 };
-                let Some(top) = stack.get_mut(t) else {
-                    return fail(i, "internal");
-                };
-                match top {
-                    EmFrame::Arr => {
-                        i = ws(b, i);
-                        match b.get(i) {
-                            Some(b',') => {
-                                out.put(b",");
-                                i += 1;
-                                break;
+                if top.0 {
+                    let d = base + depth;
+                    match Self::next_member(b, &mut i, false, &mut top.1, out, d, work)? {
+                        Some((v, q)) => {
+                            if depth == 1 && str_is(b, q, b"type") {
+                                ty = Some(ws(b, v));
                             }
-                            Some(b']') => {
-                                out.put(b"]");
-                                i += 1;
-                                d -= 1;
-                            }
-                            _ => return fail(i, "expected `,` or `]`"),
-                        }
-                    }
-                    EmFrame::Stream { written } => {
-                        match Self::next_streamed(b, &mut i, false, written, out)? {
-                            Some(v) => {
-                                i = v;
-                                break;
-                            }
-                            None => {
-                                out.put(b"}");
-                                d -= 1;
-                            }
-                        }
-                    }
-                    EmFrame::Block { pos, k, n, end } => {
-                        if *k < *n {
-                            let q = self.block_member(*pos, *k);
-                            *k += 1;
-                            let Some(q) = q else {
-                                return fail(i, "internal");
-                            };
-                            out.put(b",");
-                            i = Self::put_key(b, q, out)?;
+                            i = v;
                             break;
                         }
-                        out.put(b"}");
-                        i = *end as usize;
-                        d -= 1;
+                        None => {
+                            out.put(b"}");
+                            stack.pop();
+                        }
+                    }
+                } else {
+                    i = ws(b, i);
+                    match b.get(i) {
+                        Some(b',') => {
+                            out.put(b",");
+                            i += 1;
+                            break;
+                        }
+                        Some(b']') => {
+                            out.put(b"]");
+                            i += 1;
+                            stack.pop();
+                        }
+                        _ => return fail(i, "expected `,` or `]`"),
                     }
                 }
             }
@@ -1836,10 +1359,9 @@ mod tests {
     }
 
     proptest! {
-        /// Comparing strings in place agrees with comparing their decoded
-        /// bytes.
+        /// Matching strings in place agrees with their decoded bytes.
         #[test]
-        fn cmp_str_and_str_is_decode(x in json_str(), y in json_str()) {
+        fn str_is_decodes(x in json_str(), y in json_str()) {
             let body = format!("{x}{y}");
             let b = body.as_bytes();
             let dec = |q: usize| {
@@ -1849,7 +1371,6 @@ mod tests {
             let (Ok(dx), Ok(dy)) = (dec(0), dec(x.len())) else {
                 return Ok(());
             };
-            prop_assert_eq!(cmp_str(b, 0, x.len()), dx.cmp(&dy));
             prop_assert_eq!(str_is(b, 0, b"cache_control"), dx == b"cache_control");
             prop_assert_eq!(str_is(b, x.len(), b"a"), dy == b"a");
         }

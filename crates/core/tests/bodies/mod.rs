@@ -178,6 +178,14 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
             .into_bytes(),
         ),
         (
+            "escapes_524k",
+            user(format!("\"{}\"", "\\n".repeat(mib / 2 - 40))),
+        ),
+        (
+            "unicode_escapes_175k",
+            user(format!("\"{}\"", "\\u00e9".repeat(mib / 6 - 20))),
+        ),
+        (
             "unsorted_tool_objects_75k",
             format!(
                 r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"q"}}]}}"#,

@@ -3,9 +3,7 @@
 //! anchor, metadata, and error kind. Also the router's former `peek_meta`.
 #![allow(dead_code, clippy::all)]
 
-use prefix_router_core::extract::{
-    write_canonical_json, Api, ExtractError, PromptSink, RequestMeta,
-};
+use prefix_router_core::extract::{Api, ExtractError, PromptSink, RequestMeta};
 use prefix_router_core::hash;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -254,7 +252,7 @@ impl<S: PromptSink> Writer<'_, S> {
         if first_byte(raw) == b'n' {
             return Ok(());
         }
-        let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(perr)?;
+        let v: J = serde_json::from_str(raw.get()).map_err(perr)?;
         self.sink.write(RS);
         self.sink.write(b"tools");
         self.sink.write(US);
@@ -280,7 +278,7 @@ impl<S: PromptSink> Writer<'_, S> {
         }
         if let Some(tc) = m.tool_calls {
             if first_byte(tc) != b'n' {
-                let v: serde_json::Value = serde_json::from_str(tc.get()).map_err(perr)?;
+                let v: J = serde_json::from_str(tc.get()).map_err(perr)?;
                 let mut buf = Vec::new();
                 write_canonical_json(&v, &mut buf);
                 self.field(b"tool_calls", &buf);
@@ -343,8 +341,8 @@ impl<S: PromptSink> Writer<'_, S> {
 
     /// `GS type GS hex(xxh3(canonical json))` for a non-text value.
     fn marker(&mut self, raw: &RawValue) -> Result<(), ExtractError> {
-        let v: serde_json::Value = serde_json::from_str(raw.get()).map_err(perr)?;
-        let kind = v.get("type").and_then(|t| t.as_str()).unwrap_or("part");
+        let v: J = serde_json::from_str(raw.get()).map_err(perr)?;
+        let kind = v.kind().unwrap_or("part");
         let mut buf = Vec::new();
         write_canonical_json(&v, &mut buf);
         let h = hash::hash(&buf, hash::PART_SEED);
@@ -419,4 +417,121 @@ fn hex16(h: u64) -> [u8; 16] {
         *o = D.get(nib).copied().unwrap_or(b'0');
     }
     out
+}
+
+/// A JSON value as written: object members in body order, duplicates kept
+/// (serde_json's `Value` sorts and deduplicates them).
+pub enum J {
+    Null,
+    Bool(bool),
+    Num(serde_json::Number),
+    Str(String),
+    Arr(Vec<J>),
+    Obj(Vec<(String, J)>),
+}
+
+impl J {
+    /// The value of the last `type` member, if an object's and a string.
+    fn kind(&self) -> Option<&str> {
+        match self {
+            J::Obj(m) => match m.iter().rev().find(|(k, _)| k == "type") {
+                Some((_, J::Str(s))) => Some(s),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for J {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<J, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = J;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<J, E> {
+                Ok(J::Bool(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<J, E> {
+                Ok(J::Num(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<J, E> {
+                Ok(J::Num(v.into()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<J, E> {
+                serde_json::Number::from_f64(v)
+                    .map(J::Num)
+                    .ok_or_else(|| E::custom("not a JSON number"))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<J, E> {
+                Ok(J::Str(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<J, E> {
+                Ok(J::Str(v))
+            }
+            fn visit_unit<E>(self) -> Result<J, E> {
+                Ok(J::Null)
+            }
+            fn visit_none<E>(self) -> Result<J, E> {
+                Ok(J::Null)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<J, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = a.next_element()? {
+                    v.push(x);
+                }
+                Ok(J::Arr(v))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<J, A::Error> {
+                let mut v = Vec::new();
+                while let Some((k, x)) = a.next_entry::<String, J>()? {
+                    v.push((k, x));
+                }
+                Ok(J::Obj(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Canonical JSON, the definition: members in body order (duplicates
+/// kept), `cache_control` members dropped, no whitespace, strings and
+/// numbers as serde_json prints them.
+pub fn write_canonical_json(v: &J, out: &mut Vec<u8>) {
+    match v {
+        J::Obj(m) => {
+            out.push(b'{');
+            let mut first = true;
+            for (k, x) in m.iter().filter(|(k, _)| k != "cache_control") {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                write_json_str(k, out);
+                out.push(b':');
+                write_canonical_json(x, out);
+            }
+            out.push(b'}');
+        }
+        J::Arr(a) => {
+            out.push(b'[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical_json(x, out);
+            }
+            out.push(b']');
+        }
+        J::Str(s) => write_json_str(s, out),
+        J::Num(n) => out.extend_from_slice(n.to_string().as_bytes()),
+        J::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        J::Null => out.extend_from_slice(b"null"),
+    }
+}
+
+fn write_json_str(s: &str, out: &mut Vec<u8>) {
+    serde_json::to_writer(&mut *out, s).unwrap();
 }
