@@ -17,7 +17,9 @@ mod reference;
 
 use gen::{mutate, Gen, Rng};
 use prefix_router_core::config::KeyMode;
-use prefix_router_core::extract::{self, canonical_json, peek_meta, Api, ExtractError, PromptSink};
+use prefix_router_core::extract::{
+    self, canonical_json, peek_meta, Api, ExtractError, PromptSink, RequestMeta,
+};
 use prefix_router_core::key::KeySink;
 use proptest::prelude::*;
 
@@ -60,9 +62,9 @@ enum Out {
     TooComplex,
 }
 
-fn run_new(api: Api, body: &[u8]) -> Out {
-    let mut r = Rec::default();
-    match extract::extract(api, body, &mut r) {
+/// The outcome of one extraction whose stream went into `r`.
+fn outcome(res: Result<RequestMeta<'_>, ExtractError>, r: Rec) -> Out {
+    match res {
         Ok(m) => Out::Ok {
             bytes: r.bytes,
             anchor: r.anchor,
@@ -74,39 +76,25 @@ fn run_new(api: Api, body: &[u8]) -> Out {
         Err(ExtractError::EmptyPrompt) => Out::Empty,
         Err(ExtractError::TooComplex(_)) => Out::TooComplex,
     }
+}
+
+fn run_new(api: Api, body: &[u8]) -> Out {
+    let mut r = Rec::default();
+    let res = extract::extract(api, body, &mut r);
+    outcome(res, r)
 }
 
 /// The extractor with a budget of `work` ns.
 fn run_budget(api: Api, body: &[u8], work: u64) -> Out {
     let mut r = Rec::default();
-    match extract::Scan::with_budget(body, work).extract(api, &mut r) {
-        Ok(m) => Out::Ok {
-            bytes: r.bytes,
-            anchor: r.anchor,
-            model: m.model.into_owned(),
-            user: m.user.map(|u| u.into_owned()),
-            salt: m.cache_salt.map(|u| u.into_owned()),
-        },
-        Err(ExtractError::Parse(_)) => Out::Parse,
-        Err(ExtractError::EmptyPrompt) => Out::Empty,
-        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
-    }
+    let res = extract::Scan::with_budget(body, work).extract(api, &mut r);
+    outcome(res, r)
 }
 
 fn run_ref(api: Api, body: &[u8]) -> Out {
     let mut r = Rec::default();
-    match reference::extract(api, body, &mut r) {
-        Ok(m) => Out::Ok {
-            bytes: r.bytes,
-            anchor: r.anchor,
-            model: m.model.into_owned(),
-            user: m.user.map(|u| u.into_owned()),
-            salt: m.cache_salt.map(|u| u.into_owned()),
-        },
-        Err(ExtractError::Parse(_)) => Out::Parse,
-        Err(ExtractError::EmptyPrompt) => Out::Empty,
-        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
-    }
+    let res = reference::extract(api, body, &mut r);
+    outcome(res, r)
 }
 
 fn peek_new(body: &[u8]) -> Result<(String, Option<String>), ()> {
@@ -166,18 +154,8 @@ fn check(api: Api, body: &[u8]) -> Out {
         String::from_utf8_lossy(body)
     );
     let mut r = Rec::default();
-    let via_scan = match scan.extract(api, &mut r) {
-        Ok(m) => Out::Ok {
-            bytes: r.bytes,
-            anchor: r.anchor,
-            model: m.model.into_owned(),
-            user: m.user.map(|u| u.into_owned()),
-            salt: m.cache_salt.map(|u| u.into_owned()),
-        },
-        Err(ExtractError::Parse(_)) => Out::Parse,
-        Err(ExtractError::EmptyPrompt) => Out::Empty,
-        Err(ExtractError::TooComplex(_)) => Out::TooComplex,
-    };
+    let res = scan.extract(api, &mut r);
+    let via_scan = outcome(res, r);
     assert_eq!(via_scan, new, "Scan::extract");
     assert_eq!(
         peek_new(body),
