@@ -416,6 +416,13 @@ fn fail<T>(at: usize, what: &'static str) -> Res<T> {
     Err(Fail { at, what })
 }
 
+/// If a message at `i` opens with its role as clients write it,
+/// `{"role":"`: the index of the role's opening quote.
+#[inline]
+fn role_head(b: &[u8], i: usize) -> Option<usize> {
+    (b.get(i..)?.first_chunk::<9>() == Some(br#"{"role":""#)).then_some(i + 8)
+}
+
 /// `Option<Cow<str>>`: null, or a string (checked as serde's `parse_str`).
 /// Returns the end and the string's opening quote.
 #[inline]
@@ -470,6 +477,12 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         m.max_esc = st.work.escapes();
+        if let Some(q) = role_head(b, j) {
+            // The role as clients open a message: taken without the walk.
+            m.charge(&mut st.work, q)?;
+            m.i = opt_str_w(b, q, false, &mut st.work)?.0;
+            (m.first, m.seen) = (false, 1 << M_ROLE);
+        }
         while let Some((id, v)) = m.next(b)? {
             m.charge(&mut st.work, v)?;
             m.i = match id {
@@ -1162,6 +1175,13 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let mut seen = [false; 6];
         let mut streamed = false;
         let mut m = Members::open(b, i, MESSAGE_FIELDS, true)?;
+        if let Some(q) = role_head(b, i) {
+            // As in the first pass.
+            self.canon.work.charge(cost::MEMBER, q)?;
+            let (e, r) = opt_str(b, q, true)?;
+            (at[M_ROLE], seen[M_ROLE]) = (r, true);
+            (m.i, m.first, m.seen) = (e, false, 1 << M_ROLE);
+        }
         while let Some((id, v)) = m.next(b)? {
             let v = ws(b, v);
             self.canon.work.charge(cost::MEMBER, v)?;

@@ -243,6 +243,41 @@ fn golden_vectors() {
     }
 }
 
+/// A message opened as clients write it (`{"role":"`) takes its role
+/// without the member walk (both passes); every tail still gives the
+/// reference's bytes and errors.
+#[test]
+fn role_head_fast_path() {
+    let roles = [
+        r#""user""#,
+        r#""us\u0065r""#,
+        r#""""#,
+        r#""a\"b""#,
+        r#""\ud800""#,
+        r#""x"#,
+    ];
+    let tails = [
+        r#","content":"a"}"#,
+        r#"}"#,
+        r#","content":"a","role":"b"}"#,
+        r#","role":"b","content":"a"}"#,
+        r#",}"#,
+        r#","name":"n","content":[{"type":"text","text":"t"}]}"#,
+        "",
+    ];
+    for r in roles {
+        for t in tails {
+            for body in [
+                format!(r#"{{"messages":[{{"role":{r}{t}]}}"#),
+                format!(r#"{{"messages":[{{"role":"system","content":"s"}},{{"role":{r}{t}]}}"#),
+                format!(r#"{{"input":[{{"role":{r}{t}],"messages":[{{"role":{r}{t}]}}"#),
+            ] {
+                check_all(body.as_bytes());
+            }
+        }
+    }
+}
+
 /// Errors and empty prompts, and the edge cases of serde's behaviour that
 /// the streaming extractor reproduces on purpose.
 #[test]
