@@ -1,6 +1,8 @@
-//! The former extractor (serde_json into borrowed structs), kept verbatim as
-//! the reference the streaming extractor must match: same canonical bytes,
+//! The former extractor (serde_json into borrowed structs), kept as the
+//! reference the streaming extractor must match: same canonical bytes,
 //! anchor, metadata, and error kind. Also the router's former `peek_meta`.
+//! Canonical JSON is defined here on [`J`], a tree that keeps members as
+//! written (it was serde_json's sorted `Value` until `3fbbb24`).
 #![allow(dead_code, clippy::all)]
 
 use prefix_router_core::extract::{Api, ExtractError, PromptSink, RequestMeta};
