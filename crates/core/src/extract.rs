@@ -78,8 +78,9 @@ use std::borrow::Cow;
 use crate::hash;
 use crate::json_stream::{
     colon, cost, decode_str, fast_skip, key_word, number_is_plain, scan_special, skip_lit,
-    skip_number, skip_number_fast, skip_str_counted, skip_value, str_is, text_part_head, word_of,
-    ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut, Staging, StrOut, Work, STAGE, TOO_COMPLEX,
+    skip_number, skip_number_fast, skip_str_charged, skip_str_counted, skip_value, str_is,
+    text_part_head, word_of, ws, Canon, Fail, Frames, NoOut, Put, Res, SmallOut, Staging, StrOut,
+    Work, STAGE, TOO_COMPLEX,
 };
 
 const RS: &[u8] = &[0x1E];
@@ -401,9 +402,7 @@ impl Members {
         }
         Ok(Some((id, colon(b, e)?)))
     }
-}
 
-impl Members {
     /// Charge a member (and the escapes of the keys since) to `work`.
     #[inline]
     fn charge(&mut self, work: &mut Work, at: usize) -> Res<()> {
@@ -443,9 +442,12 @@ fn opt_str_w(b: &[u8], i: usize, utf8_known: bool, work: &mut Work) -> Res<(usiz
     if b.get(i) != Some(&b'"') {
         return opt_str(b, i, utf8_known);
     }
-    // Counted (and stopped early) before the decode checks it.
-    let (_, n) = skip_str_counted(b, i + 1, false, work.escapes())?;
-    work.charge(n * cost::ESCAPE, i)?;
+    // A short plain string (a role, a model) is checked in one step;
+    // another is counted (and stopped early) before the decode checks it.
+    if let Some((_, e)) = key_word(b, i + 1, utf8_known) {
+        return Ok((e, Some(i)));
+    }
+    skip_str_charged(b, i, false, work)?;
     opt_str(b, i, utf8_known)
 }
 

@@ -173,6 +173,15 @@ pub fn skip_str_counted(b: &[u8], i: usize, utf8: bool, max: u64) -> Res<(usize,
     skip_str_at(b, i, utf8, max)
 }
 
+/// [`skip_str`] of the string whose opening quote is at `q`, its escapes
+/// charged to `work` (stopping early once they are over it).
+#[inline]
+pub fn skip_str_charged(b: &[u8], q: usize, utf8: bool, work: &mut Work) -> Res<usize> {
+    let (end, n) = skip_str_counted(b, q + 1, utf8, work.escapes())?;
+    work.charge(n * cost::ESCAPE, q)?;
+    Ok(end)
+}
+
 /// [`skip_str_counted`] out of line.
 fn skip_str_at(b: &[u8], i: usize, utf8: bool, max: u64) -> Res<(usize, u64)> {
     let start = i;
@@ -649,11 +658,7 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
         i = ws(b, i);
         st.work.charge(cost::TOKEN, i)?;
         match b.get(i) {
-            Some(b'"') => {
-                let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
-                st.work.charge(n * cost::ESCAPE, i)?;
-                i = j;
-            }
+            Some(b'"') => i = skip_str_charged(b, i, utf8, &mut st.work)?,
             Some(b'-' | b'0'..=b'9') => {
                 // Digits cost about 1 ns each.
                 let j = skip_number_fast(b, i)?;
@@ -677,9 +682,7 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
                 match b.get(i) {
                     Some(b'}') => i += 1,
                     Some(b'"') => {
-                        let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
-                        st.work.charge(n * cost::ESCAPE, i)?;
-                        i = colon(b, j)?;
+                        i = colon(b, skip_str_charged(b, i, utf8, &mut st.work)?)?;
                         st.push(true);
                         continue;
                     }
@@ -704,9 +707,7 @@ pub fn skip_value(b: &[u8], i: usize, utf8: bool, st: &mut Frames) -> Res<usize>
                         i = ws(b, i);
                         match b.get(i) {
                             Some(b'"') => {
-                                let (j, n) = skip_str_counted(b, i + 1, utf8, st.work.escapes())?;
-                                st.work.charge(n * cost::ESCAPE, i)?;
-                                i = colon(b, j)?
+                                i = colon(b, skip_str_charged(b, i, utf8, &mut st.work)?)?
                             }
                             Some(_) => return fail(i, "key must be a string"),
                             None => return fail(i, "EOF while parsing a value"),
@@ -1036,11 +1037,6 @@ impl Put for Discard {
 }
 
 impl Canon {
-    /// Bytes of scratch memory held.
-    pub fn capacity_bytes(&self) -> usize {
-        self.stack.capacity() * 2 + self.stage.capacity()
-    }
-
     /// Write the canonical JSON of the value at `i` (its first byte, after
     /// whitespace) into `out`. Returns the index after the value and, if the
     /// value is an object, the offset of the value of its last `type` key.
@@ -1078,7 +1074,6 @@ impl Canon {
     /// quote; or None at `}` (then `i` is after it). Skips `cache_control`
     /// members (checked as any value, without output: `depth` containers
     /// are open, this object included).
-    #[allow(clippy::too_many_arguments)]
     fn next_member(
         b: &[u8],
         i: &mut usize,
