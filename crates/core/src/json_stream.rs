@@ -1060,62 +1060,15 @@ impl Canon {
         r
     }
 
-    /// Write `"key":` for the key at `q`; returns the index of its value.
-    fn put_key(b: &[u8], q: usize, out: &mut Stage) -> Res<usize> {
-        out.put(b"\"");
-        let j = decode_str_fast(b, q + 1, true, &mut Escaper(out))?;
-        out.put(b"\":");
-        colon(b, j)
-    }
-
-    /// Next member of an object: `i` is after `{` (`at_start`) or after a
-    /// member's value. Writes `,` (if a member was `written`) and `"key":`,
-    /// and returns the index of the member's value and of its key's opening
-    /// quote; or None at `}` (then `i` is after it). Skips `cache_control`
-    /// members (checked as any value, without output: `depth` containers
-    /// are open, this object included).
-    fn next_member(
-        b: &[u8],
-        i: &mut usize,
-        at_start: bool,
-        written: &mut bool,
-        out: &mut Stage,
-        depth: usize,
-        work: &mut Work,
-    ) -> Res<Option<(usize, usize)>> {
-        let mut at_start = at_start;
-        loop {
-            let mut j = ws(b, *i);
-            match b.get(j) {
-                Some(b'}') => {
-                    *i = j + 1;
-                    return Ok(None);
-                }
-                Some(b',') if !at_start => j = ws(b, j + 1),
-                _ if at_start => {}
-                _ => return fail(j, "expected `,` or `}`"),
-            }
-            if b.get(j) != Some(&b'"') {
-                return fail(j, "key must be a string");
-            }
-            if str_is(b, j, CACHE_CONTROL) {
-                let v = colon(b, decode_str(b, j + 1, true, &mut NoOut)?)?;
-                let (mut buf, mut discard) = ([0u8; 64], Discard);
-                let mut none = Stage::new(&mut buf, &mut discard);
-                *i = Self::emit(b, v, &mut none, &mut Vec::new(), work, depth)?.0;
-                at_start = false;
-                continue;
-            }
-            if *written {
-                out.put(b",");
-            }
-            *written = true;
-            return Ok(Some((Self::put_key(b, j, out)?, j)));
-        }
-    }
-
     /// The pass: write each value as it is read (`base` containers are
-    /// open around it).
+    /// open around it, `stack` holds those it opens).
+    ///
+    /// Canonical JSON shares most of its bytes with the body: all but
+    /// whitespace, escapes, numbers serde prints otherwise, and dropped
+    /// members (with their commas). Those are copied in runs ([`Runs`]): a
+    /// compact value without escapes is one copy, whatever its elements;
+    /// each element is still checked as serde checks it and charged to
+    /// `work`.
     fn emit(
         b: &[u8],
         i: usize,
@@ -1126,41 +1079,27 @@ impl Canon {
     ) -> Res<(usize, Option<usize>)> {
         stack.clear();
         let mut ty = None;
+        let mut r = Runs { run: i, out };
         let mut i = i;
-        loop {
-            // Write the value at i.
-            i = ws(b, i);
+        'value: loop {
+            // The value at i.
+            i = r.gap(b, i);
             work.charge(cost::CANON, i)?;
-            let mut opened = false;
             match b.get(i) {
-                Some(b'"') => {
-                    out.put(b"\"");
-                    i = decode_str(b, i + 1, true, &mut Escaper(out))?;
-                    out.put(b"\"");
-                }
+                Some(b'"') => i = r.string(b, i)?,
                 Some(b'-' | b'0'..=b'9') => {
                     let j = skip_number_fast(b, i)?;
                     let tok = b.get(i..j).unwrap_or(&[]);
-                    if j == i + 1 {
-                        // A lone digit prints as itself.
-                        out.put(tok);
-                    } else {
-                        put_number(tok, i, out)?;
+                    if j != i + 1 && !number_is_plain(tok) {
+                        r.cut(b, i);
+                        put_number(tok, i, r.out)?;
+                        r.run = j;
                     }
                     i = j;
                 }
-                Some(b'n') => {
-                    i = skip_lit(b, i, b"null")?;
-                    out.put(b"null");
-                }
-                Some(b't') => {
-                    i = skip_lit(b, i, b"true")?;
-                    out.put(b"true");
-                }
-                Some(b'f') => {
-                    i = skip_lit(b, i, b"false")?;
-                    out.put(b"false");
-                }
+                Some(b'n') => i = skip_lit(b, i, b"null")?,
+                Some(b't') => i = skip_lit(b, i, b"true")?,
+                Some(b'f') => i = skip_lit(b, i, b"false")?,
                 Some(&c @ (b'[' | b'{')) => {
                     // serde counts a container against its recursion limit
                     // even when it is empty.
@@ -1168,81 +1107,219 @@ impl Canon {
                         return fail(i, "recursion limit exceeded");
                     }
                     if c == b'[' {
-                        out.put(b"[");
-                        let j = ws(b, i + 1);
-                        if b.get(j) == Some(&b']') {
-                            out.put(b"]");
-                            i = j + 1;
+                        i = r.gap(b, i + 1);
+                        if b.get(i) == Some(&b']') {
+                            i += 1;
                         } else {
                             stack.push((false, false));
-                            i = j;
-                            opened = true;
+                            continue 'value;
                         }
                     } else {
-                        out.put(b"{");
-                        let (mut written, mut j) = (false, i + 1);
-                        let depth = base + stack.len() + 1;
-                        match Self::next_member(b, &mut j, true, &mut written, out, depth, work)? {
-                            Some((v, q)) => {
-                                if stack.is_empty() && str_is(b, q, b"type") {
-                                    ty = Some(ws(b, v));
-                                }
-                                stack.push((true, written));
-                                i = v;
-                                opened = true;
-                            }
-                            None => {
-                                out.put(b"}");
-                                i = j;
-                            }
+                        stack.push((true, false));
+                        i += 1;
+                        if let Some(v) =
+                            Self::member(b, &mut i, None, &mut r, stack, work, base, &mut ty)?
+                        {
+                            i = v;
+                            continue 'value;
                         }
+                        stack.pop();
                     }
                 }
                 Some(_) => return fail(i, "expected value"),
                 None => return fail(i, "EOF while parsing a value"),
             }
-            if opened {
-                continue;
-            }
             // A value ended: advance in its container.
             loop {
-                let depth = stack.len();
-                let Some(top) = stack.last_mut() else {
+                let Some(&(obj, _)) = stack.last() else {
+                    r.cut(b, i);
                     return Ok((i, ty));
                 };
-                if top.0 {
-                    let d = base + depth;
-                    match Self::next_member(b, &mut i, false, &mut top.1, out, d, work)? {
-                        Some((v, q)) => {
-                            if depth == 1 && str_is(b, q, b"type") {
-                                ty = Some(ws(b, v));
-                            }
+                i = r.gap(b, i);
+                match (obj, b.get(i)) {
+                    (true, Some(b',')) => {
+                        // Written only before a written member: kept in the
+                        // run while that may be so (see `member`).
+                        let comma = i;
+                        i += 1;
+                        if !written(stack) || is_ws(b, i) {
+                            r.cut(b, comma);
+                            r.run = i;
+                        }
+                        if let Some(v) = Self::member(
+                            b,
+                            &mut i,
+                            Some(comma),
+                            &mut r,
+                            stack,
+                            work,
+                            base,
+                            &mut ty,
+                        )? {
                             i = v;
-                            break;
+                            continue 'value;
                         }
-                        None => {
-                            out.put(b"}");
-                            stack.pop();
-                        }
+                        stack.pop();
                     }
-                } else {
-                    i = ws(b, i);
-                    match b.get(i) {
-                        Some(b',') => {
-                            out.put(b",");
-                            i += 1;
-                            break;
-                        }
-                        Some(b']') => {
-                            out.put(b"]");
-                            i += 1;
-                            stack.pop();
-                        }
-                        _ => return fail(i, "expected `,` or `]`"),
+                    (true, Some(b'}')) | (false, Some(b']')) => {
+                        i += 1;
+                        stack.pop();
                     }
+                    (false, Some(b',')) => {
+                        i += 1;
+                        continue 'value;
+                    }
+                    (true, _) => return fail(i, "expected `,` or `}`"),
+                    (false, _) => return fail(i, "expected `,` or `]`"),
                 }
             }
         }
+    }
+
+    /// The next member of the object on top of `stack`: `i` is after its
+    /// `{` (`comma` None) or after a member's `,` (at `comma`). Returns the
+    /// index of the member's value after writing its key (and the comma,
+    /// if a member was written before); or None at `}` (`i` after it).
+    /// Skips `cache_control` members (checked as any value, without
+    /// output); notes in `ty` where the value of the outermost object's
+    /// last `type` key starts.
+    #[allow(clippy::too_many_arguments)]
+    fn member(
+        b: &[u8],
+        i: &mut usize,
+        comma: Option<usize>,
+        r: &mut Runs,
+        stack: &mut [(bool, bool)],
+        work: &mut Work,
+        base: usize,
+        ty: &mut Option<usize>,
+    ) -> Res<Option<usize>> {
+        let depth = stack.len();
+        let mut comma = comma;
+        loop {
+            let j = r.gap(b, *i);
+            match b.get(j) {
+                Some(b'"') => {}
+                Some(b'}') if comma.is_none() => {
+                    *i = j + 1;
+                    return Ok(None);
+                }
+                _ => return fail(j, "key must be a string"),
+            }
+            let fast = key_word(b, j + 1, true);
+            let cc = match fast {
+                Some((w, _)) => w == CACHE_CONTROL_W,
+                None => str_is(b, j, CACHE_CONTROL),
+            };
+            // The comma is still in the run (not written yet).
+            let held = comma.filter(|&c| r.run <= c);
+            if cc {
+                r.cut(b, held.unwrap_or(j));
+                let v = colon(b, decode_str(b, j + 1, true, &mut NoOut)?)?;
+                let (mut buf, mut discard) = ([0u8; 64], Discard);
+                let mut none = Stage::new(&mut buf, &mut discard);
+                let end = Self::emit(b, v, &mut none, &mut Vec::new(), work, base + depth)?.0;
+                // The member and what is pending before it (whitespace only).
+                r.run = end;
+                let k = r.gap(b, end);
+                match b.get(k) {
+                    Some(b'}') => {
+                        *i = k + 1;
+                        return Ok(None);
+                    }
+                    Some(b',') => {
+                        comma = Some(k);
+                        *i = k + 1;
+                        r.run = *i;
+                        continue;
+                    }
+                    _ => return fail(k, "expected `,` or `}`"),
+                }
+            }
+            if comma.is_some() && held.is_none() && written(stack) {
+                r.cut(b, j);
+                r.out.put(b",");
+            }
+            if let Some(top) = stack.last_mut() {
+                top.1 = true;
+            }
+            let (is_type, e) = match fast {
+                Some((w, e)) => (w == TYPE_W, e),
+                None => (str_is(b, j, b"type"), r.string(b, j)?),
+            };
+            let k = r.gap(b, e);
+            match b.get(k) {
+                Some(b':') => {}
+                Some(_) => return fail(k, "expected `:`"),
+                None => return fail(k, "EOF while parsing an object"),
+            }
+            if depth == 1 && is_type {
+                *ty = Some(ws(b, k + 1));
+            }
+            return Ok(Some(k + 1));
+        }
+    }
+}
+
+/// JSON whitespace at `i`.
+#[inline(always)]
+fn is_ws(b: &[u8], i: usize) -> bool {
+    matches!(b.get(i), Some(b' ' | b'\n' | b'\t' | b'\r'))
+}
+
+/// Whether the object on top of `stack` has a written member.
+fn written(stack: &[(bool, bool)]) -> bool {
+    stack.last().is_some_and(|t| t.1)
+}
+
+/// `cache_control` and `type` as [`key_word`] reads them.
+const CACHE_CONTROL_W: u128 = word_of(CACHE_CONTROL);
+const TYPE_W: u128 = word_of(b"type");
+
+/// Canonical JSON's output in runs of the body: the bytes from `run` to
+/// the value being read are canonical as they stand and not written yet.
+struct Runs<'o, 'p> {
+    run: usize,
+    out: &'o mut Stage<'p>,
+}
+
+impl Runs<'_, '_> {
+    /// Write the pending run, up to `i`.
+    #[inline]
+    fn cut(&mut self, b: &[u8], i: usize) {
+        if i > self.run {
+            self.out.put(b.get(self.run..i).unwrap_or(&[]));
+        }
+        self.run = i;
+    }
+
+    /// Whitespace at `i` ends the run and is skipped; returns the index
+    /// after it.
+    #[inline(always)]
+    fn gap(&mut self, b: &[u8], i: usize) -> usize {
+        if is_ws(b, i) {
+            self.cut(b, i);
+            self.run = ws(b, i);
+            return self.run;
+        }
+        i
+    }
+
+    /// The string whose opening quote is at `q` (checked as serde's
+    /// `parse_str`, its bytes known to be UTF-8): part of the run unless it
+    /// has escapes, which are decoded and written as serde escapes.
+    /// Returns the index after it.
+    #[inline]
+    fn string(&mut self, b: &[u8], q: usize) -> Res<usize> {
+        let (j, _) = scan_special(b, q + 1);
+        if b.get(j) == Some(&b'"') {
+            return Ok(j + 1);
+        }
+        self.cut(b, j);
+        let end = decode_str(b, j, true, &mut Escaper(self.out))?;
+        // The closing quote starts the next run.
+        self.run = end - 1;
+        Ok(end)
     }
 }
 

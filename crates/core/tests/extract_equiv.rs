@@ -758,6 +758,58 @@ fn text_part_fast_path() {
     }
 }
 
+/// Objects of up to three members, some `cache_control`, with whitespace
+/// (none, a space, a newline) at each place it may go and values of each
+/// kind: canonical JSON copies the body in runs and writes a comma only
+/// between written members, so every cut of a run is met here; also with a
+/// token missing or one too many (the errors).
+#[test]
+fn member_runs() {
+    let keys = [r#""a""#, r#""cache_control""#, r#""t\u0079pe""#];
+    let vals = [
+        "1",
+        "2.50",
+        r#""x\ny""#,
+        "{}",
+        "[1, {\"cache_control\":0}]",
+        "[ ]",
+    ];
+    let gaps = ["", " ", "\n "];
+    let mut n = 0;
+    for k in 1..=3usize {
+        for mask in 0..3usize.pow(k as u32) {
+            for (g, v) in gaps.iter().zip(vals.iter().cycle().skip(mask)) {
+                let (mut m, mut body) = (mask, String::from("{"));
+                for j in 0..k {
+                    let key = keys[m % 3];
+                    m /= 3;
+                    if j > 0 {
+                        body.push_str(&format!("{g},{g}"));
+                    }
+                    body.push_str(&format!("{g}{key}{g}:{g}{v}"));
+                }
+                body.push_str(&format!("{g}}}"));
+                for v in [
+                    body.clone(),
+                    format!("[{body}]"),
+                    body.replacen(',', "", 1),
+                    body.replacen(',', ",,", 1),
+                    body.replacen(':', "", 1),
+                    format!("{{{g}\"o\":{body},{body}"),
+                ] {
+                    assert_eq!(
+                        canonical_json(v.as_bytes()).ok(),
+                        canon_ref(v.as_bytes()).ok(),
+                        "{v}"
+                    );
+                    n += 1;
+                }
+            }
+        }
+    }
+    assert!(n > 200, "{n}");
+}
+
 /// Two-member objects (ordered by one comparison): every order, duplicate
 /// keys however spelled, and `cache_control`, as the reference writes them.
 #[test]
