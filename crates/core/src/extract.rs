@@ -422,6 +422,14 @@ fn role_head(b: &[u8], i: usize) -> Option<usize> {
     (b.get(i..)?.first_chunk::<9>() == Some(br#"{"role":""#)).then_some(i + 8)
 }
 
+/// If a message's role at `e` (after its closing quote) is followed by its
+/// content as clients write it, `,"content":`: the index of the content's
+/// value.
+#[inline]
+fn content_head(b: &[u8], e: usize) -> Option<usize> {
+    (b.get(e..)?.first_chunk::<11>() == Some(br#","content":"#)).then_some(e + 11)
+}
+
 /// `Option<Cow<str>>`: null, or a string (checked as serde's `parse_str`).
 /// Returns the end and the string's opening quote.
 #[inline]
@@ -484,6 +492,12 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
             m.charge(&mut st.work, q)?;
             m.i = opt_str_w(b, q, false, &mut st.work)?.0;
             (m.first, m.seen) = (false, 1 << M_ROLE);
+            if let Some(v) = content_head(b, m.i) {
+                // And its content, next as clients write it.
+                m.charge(&mut st.work, v)?;
+                m.i = opt_raw(b, v, st)?.0;
+                m.seen |= 1 << M_CONTENT;
+            }
         }
         while let Some((id, v)) = m.next(b)? {
             m.charge(&mut st.work, v)?;
@@ -1183,6 +1197,19 @@ impl<S: PromptSink> Em<'_, '_, S> {
             let (e, r) = opt_str(b, q, true)?;
             (at[M_ROLE], seen[M_ROLE]) = (r, true);
             (m.i, m.first, m.seen) = (e, false, 1 << M_ROLE);
+            if let Some(v) = content_head(b, e).filter(|_| !item) {
+                // Its content next: written now, as below.
+                let v = ws(b, v);
+                self.canon.work.charge(cost::MEMBER, v)?;
+                m.seen |= 1 << M_CONTENT;
+                m.i = if b.get(v) == Some(&b'n') {
+                    skip_lit(b, v, b"null")?
+                } else {
+                    self.header(r)?;
+                    streamed = true;
+                    self.content(v)?
+                };
+            }
         }
         while let Some((id, v)) = m.next(b)? {
             let v = ws(b, v);

@@ -243,9 +243,9 @@ fn golden_vectors() {
     }
 }
 
-/// A message opened as clients write it (`{"role":"`) takes its role
-/// without the member walk (both passes); every tail still gives the
-/// reference's bytes and errors.
+/// A message opened as clients write it (`{"role":"`, then
+/// `,"content":`) takes its role and content without the member walk
+/// (both passes); every tail still gives the reference's bytes and errors.
 #[test]
 fn role_head_fast_path() {
     let roles = [
@@ -264,6 +264,17 @@ fn role_head_fast_path() {
         r#",}"#,
         r#","name":"n","content":[{"type":"text","text":"t"}]}"#,
         "",
+        // The content head (`,"content":`) taken without the walk too.
+        r#","content":null}"#,
+        r#","content": "a" }"#,
+        r#","content":"a","content":"b"}"#,
+        r#","content":"a","name":"n","tool_calls":[{"id":"c"}]}"#,
+        r#","content":[{"type":"text","text":"t"},{"type":"image_url"}]}"#,
+        r#","content":"a\u0000","role":"b"}"#,
+        r#","content":5}"#,
+        r#","content":"a""#,
+        r#","content":"#,
+        r#","content" :"a"}"#,
     ];
     for r in roles {
         for t in tails {
