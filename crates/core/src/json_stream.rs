@@ -159,25 +159,35 @@ pub fn skip_str(b: &[u8], i: usize, utf8: bool) -> Res<usize> {
 /// stops with [`TOO_COMPLEX`] past `max` of them.
 #[inline]
 pub fn skip_str_counted(b: &[u8], i: usize, utf8: bool, max: u64) -> Res<(usize, u64)> {
-    // A short ASCII string without escapes (a key, a short value) inline.
-    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
-        let w = u64::from_le_bytes(*c);
-        let m = stop_mask(w);
-        if m != 0 {
-            let at = (m.trailing_zeros() / 8) as usize;
-            if c.get(at) == Some(&b'"') && w & HIGH & (m - 1) == 0 {
-                return Ok((i + at + 1, 0));
-            }
-        }
+    match short_str(b, i) {
+        Some(end) => Ok((end, 0)),
+        None => skip_str_at(b, i, utf8, max),
     }
-    skip_str_at(b, i, utf8, max)
+}
+
+/// The rest of a string (`i` just after its opening quote) if it is short
+/// ASCII without escapes (a key, a short value): the index after its
+/// closing quote, found in one step.
+#[inline(always)]
+fn short_str(b: &[u8], i: usize) -> Option<usize> {
+    let c = b.get(i..)?.first_chunk::<8>()?;
+    let w = u64::from_le_bytes(*c);
+    let m = stop_mask(w);
+    if m == 0 {
+        return None;
+    }
+    let at = (m.trailing_zeros() / 8) as usize;
+    (c.get(at) == Some(&b'"') && w & HIGH & (m - 1) == 0).then_some(i + at + 1)
 }
 
 /// [`skip_str`] of the string whose opening quote is at `q`, its escapes
 /// charged to `work` (stopping early once they are over it).
 #[inline]
 pub fn skip_str_charged(b: &[u8], q: usize, utf8: bool, work: &mut Work) -> Res<usize> {
-    let (end, n) = skip_str_counted(b, q + 1, utf8, work.escapes())?;
+    if let Some(end) = short_str(b, q + 1) {
+        return Ok(end);
+    }
+    let (end, n) = skip_str_at(b, q + 1, utf8, work.escapes())?;
     work.charge(n * cost::ESCAPE, q)?;
     Ok(end)
 }
@@ -1184,6 +1194,7 @@ impl Canon {
     /// output); notes in `ty` where the value of the outermost object's
     /// last `type` key starts.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     fn member(
         b: &[u8],
         i: &mut usize,
