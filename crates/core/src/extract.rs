@@ -422,6 +422,15 @@ fn role_head(b: &[u8], i: usize) -> Option<usize> {
     (b.get(i..)?.first_chunk::<9>() == Some(br#"{"role":""#)).then_some(i + 8)
 }
 
+/// Whether the string at `q` (a role) is `user`.
+#[inline]
+fn is_user(b: &[u8], q: Option<usize>) -> bool {
+    q.is_some_and(|q| match key_word(b, q + 1, true) {
+        Some((w, _)) => w == word_of(b"user"),
+        None => str_is(b, q, b"user"),
+    })
+}
+
 /// If a message's role at `e` (after its closing quote) is followed by its
 /// content as clients write it, `,"content":`: the index of the content's
 /// value.
@@ -1190,11 +1199,16 @@ impl<S: PromptSink> Em<'_, '_, S> {
         let mut at: [Option<usize>; 6] = [None; 6];
         let mut seen = [false; 6];
         let mut streamed = false;
+        // Whether the role is "user" (read once, when it is settled).
+        let mut user = None;
         let mut m = Members::open(b, i, MESSAGE_FIELDS, true)?;
         if let Some(q) = role_head(b, i) {
             // As in the first pass.
             self.canon.work.charge(cost::MEMBER, q)?;
-            let (e, r) = opt_str(b, q, true)?;
+            let (e, r) = match key_word(b, q + 1, true) {
+                Some((_, e)) => (e, Some(q)),
+                None => opt_str(b, q, true)?,
+            };
             (at[M_ROLE], seen[M_ROLE]) = (r, true);
             (m.i, m.first, m.seen) = (e, false, 1 << M_ROLE);
             if let Some(v) = content_head(b, e).filter(|_| !item) {
@@ -1205,7 +1219,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
                 m.i = if b.get(v) == Some(&b'n') {
                     skip_lit(b, v, b"null")?
                 } else {
-                    self.header(r)?;
+                    self.header(r, *user.get_or_insert_with(|| is_user(b, r)))?;
                     streamed = true;
                     self.content(v)?
                 };
@@ -1225,7 +1239,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
                                 && at[M_ROLE].is_some()
                                 && at[M_TYPE].is_none_or(|q| str_is(b, q, b"message"))));
                     if settled {
-                        self.header(at[M_ROLE])?;
+                        let u = *user.get_or_insert_with(|| is_user(b, at[M_ROLE]));
+                        self.header(at[M_ROLE], u)?;
                         streamed = true;
                         self.content(v)?
                     } else {
@@ -1262,7 +1277,8 @@ impl<S: PromptSink> Em<'_, '_, S> {
             }
         }
         if !streamed {
-            self.header(at[M_ROLE])?;
+            let u = *user.get_or_insert_with(|| is_user(b, at[M_ROLE]));
+            self.header(at[M_ROLE], u)?;
             if let Some(c) = at[M_CONTENT] {
                 self.content(c)?;
             }
@@ -1279,21 +1295,25 @@ impl<S: PromptSink> Em<'_, '_, S> {
             self.canon.write(b, v, &mut self.out)?;
         }
         self.wrote += 1;
-        if at[M_ROLE].is_some_and(|q| str_is(b, q, b"user")) {
+        if user.unwrap_or_else(|| is_user(b, at[M_ROLE])) {
             self.mark_user();
         }
         Ok(end)
     }
 
-    /// `RS role US`.
+    /// `RS role US` (`user`: the role is `user`).
     #[inline]
-    fn header(&mut self, role: Option<usize>) -> Res<()> {
-        if !self.anchored && role.is_some_and(|q| str_is(self.b, q, b"user")) {
+    fn header(&mut self, role: Option<usize>, user: bool) -> Res<()> {
+        if !self.anchored && user {
             self.user_start();
         }
         self.out.put(RS);
         if let Some(q) = role {
-            decode_str(self.b, q + 1, true, &mut self.out)?;
+            match key_word(self.b, q + 1, true) {
+                // Short and plain: as written.
+                Some((_, e)) => self.out.put(self.b.get(q + 1..e - 1).unwrap_or(&[])),
+                None => _ = decode_str(self.b, q + 1, true, &mut self.out)?,
+            }
         }
         self.out.put(US);
         Ok(())
