@@ -59,15 +59,15 @@
 //! Work budget: both passes charge each element they meet its measured
 //! native cost ([`crate::json_stream::cost`]: a value skipped 5 ns, a
 //! struct member 15, a non-text part's marker 10-30, a value of canonical
-//! JSON 16...) against [`budget`]: 20 us plus 0.84 ns a byte, 3x what a
-//! plain prompt costs. A body over it stops with
+//! JSON 9...) against [`budget`]: 20 us plus 0.56 ns a byte, twice what a
+//! plain prompt's bytes cost (0.28 ns a byte, not charged: bytes are what
+//! every body pays). A body over it stops with
 //! [`ExtractError::TooComplex`] (the router's counted `too_complex`
-//! fallback), so its elements cost at most 3x a plain prompt of its size
-//! plus 20 us, whatever they are (its bytes cost about 1x more). Charges
-//! are counts, not times: every machine and the .wasm decide alike.
-//! Legitimate bodies are charged within 0.7 of it (a chat of short turns
-//! and an agent request with 120 tool schemas 0.63 ns a byte;
-//! `tests/budget.rs`).
+//! fallback), so with its bytes it costs at most about 3x a plain prompt
+//! of its size, plus 20 us, whatever its elements are. Charges are counts,
+//! not times: every machine and the .wasm decide alike. Legitimate bodies
+//! are charged within 0.75 of it (a chat of short turns 0.45 ns a byte,
+//! an agent request with 120 tool schemas 0.42; `tests/budget.rs`).
 //!
 //! Equivalence (bytes, anchor, metadata and error kind) is tested against
 //! the former serde extractor, kept in `tests/reference/`
@@ -208,8 +208,9 @@ pub fn budget(len: usize) -> u64 {
 /// Budget for any body: 20 us (a 32 KiB agent request with twelve tool
 /// schemas is charged 17 us; a 1 MiB plain prompt costs about 290 us).
 pub const WORK_BASE_NS: u64 = 20_000;
-/// Budget per KiB of body: 0.84 ns a byte, 3x a plain prompt's 0.28.
-pub const WORK_NS_PER_KIB: u64 = 863;
+/// Budget per KiB of body: 0.56 ns a byte, twice a plain prompt's 0.28
+/// (with the bytes themselves, 3x).
+pub const WORK_NS_PER_KIB: u64 = 575;
 
 /// A struct's fields: how many (for the array form) and their names as
 /// [`word_of`] words (a field's number is its place here).
@@ -503,7 +504,7 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
             (m.first, m.seen) = (false, 1 << M_ROLE);
             if let Some(v) = content_head(b, m.i) {
                 // And its content, next as clients write it.
-                m.charge(&mut st.work, v)?;
+                st.work.charge(cost::HEAD, v)?;
                 m.i = opt_raw(b, v, st)?.0;
                 m.seen |= 1 << M_CONTENT;
             }
@@ -1214,7 +1215,7 @@ impl<S: PromptSink> Em<'_, '_, S> {
             if let Some(v) = content_head(b, e).filter(|_| !item) {
                 // Its content next: written now, as below.
                 let v = ws(b, v);
-                self.canon.work.charge(cost::MEMBER, v)?;
+                self.canon.work.charge(cost::HEAD, v)?;
                 m.seen |= 1 << M_CONTENT;
                 m.i = if b.get(v) == Some(&b'n') {
                     skip_lit(b, v, b"null")?

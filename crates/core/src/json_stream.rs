@@ -46,8 +46,47 @@ pub(crate) fn fail<T>(at: usize, what: &'static str) -> Res<T> {
 pub const MAX_DEPTH: usize = 127;
 
 /// Index of the first non-whitespace byte at or after `i`.
-#[inline]
-pub fn ws(b: &[u8], mut i: usize) -> usize {
+#[inline(always)]
+pub fn ws(b: &[u8], i: usize) -> usize {
+    // None, or one byte (`", "`, `": "`), inline.
+    match b.get(i) {
+        Some(b' ' | b'\n' | b'\t' | b'\r') => match b.get(i + 1) {
+            Some(b' ' | b'\n' | b'\t' | b'\r') => ws_run(b, i + 2),
+            _ => i + 1,
+        },
+        _ => i,
+    }
+}
+
+/// [`ws`] after two whitespace bytes: a byte a step, then after 8 bytes 8
+/// bytes a step (a long run of whitespace costs about what a string's
+/// bytes cost, not a loop a byte).
+#[inline(never)]
+fn ws_run(b: &[u8], mut i: usize) -> usize {
+    const LOW: u64 = !HIGH;
+    // High bit of each byte of `v` that is not 0 (exact, no carries).
+    let nonzero = |v: u64| ((v & LOW).wrapping_add(LOW) | v) & HIGH;
+    let end = i + 7;
+    while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
+        i += 1;
+        if i == end {
+            break;
+        }
+    }
+    if i < end {
+        return i;
+    }
+    while let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
+        let w = u64::from_le_bytes(*c);
+        let other = nonzero(w ^ (ONES * u64::from(b' ')))
+            & nonzero(w ^ (ONES * u64::from(b'\n')))
+            & nonzero(w ^ (ONES * u64::from(b'\t')))
+            & nonzero(w ^ (ONES * u64::from(b'\r')));
+        if other != 0 {
+            return i + (other.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
     while let Some(b' ' | b'\n' | b'\t' | b'\r') = b.get(i) {
         i += 1;
     }
@@ -591,6 +630,9 @@ pub mod cost {
     pub const TOKEN: u64 = 5;
     /// A struct member read (key matched) by either pass.
     pub const MEMBER: u64 = 15;
+    /// A message's content written next after its role (`,"content":`),
+    /// taken without the member walk, in either pass.
+    pub const HEAD: u64 = 5;
     /// A message, in each pass.
     pub const MESSAGE: u64 = 3;
     /// An object content part walked for its text (second pass).
@@ -600,7 +642,9 @@ pub mod cost {
     /// A marker's hash and hex when not memoized.
     pub const HASH: u64 = 20;
     /// A value of canonical JSON (checked and written; with its key).
-    pub const CANON: u64 = 16;
+    pub const CANON: u64 = 9;
+    /// Whitespace in canonical JSON (where its copy of the body is cut).
+    pub const GAP: u64 = 3;
     /// An escape in a string, met by the first pass (decoding it again in
     /// the second, and in canonical JSON, included).
     pub const ESCAPE: u64 = 12;
@@ -1089,12 +1133,16 @@ impl Canon {
     ) -> Res<(usize, Option<usize>)> {
         stack.clear();
         let mut ty = None;
-        let mut r = Runs { run: i, out };
+        let mut r = Runs {
+            run: i,
+            out,
+            gaps: 0,
+        };
         let mut i = i;
         'value: loop {
             // The value at i.
             i = r.gap(b, i);
-            work.charge(cost::CANON, i)?;
+            work.charge(cost::CANON + cost::GAP * std::mem::take(&mut r.gaps), i)?;
             match b.get(i) {
                 Some(b'"') => i = r.string(b, i)?,
                 Some(b'-' | b'0'..=b'9') => {
@@ -1143,6 +1191,7 @@ impl Canon {
             loop {
                 let Some(&(obj, _)) = stack.last() else {
                     r.cut(b, i);
+                    work.charge(cost::GAP * r.gaps, i)?;
                     return Ok((i, ty));
                 };
                 i = r.gap(b, i);
@@ -1292,6 +1341,8 @@ const TYPE_W: u128 = word_of(b"type");
 struct Runs<'o, 'p> {
     run: usize,
     out: &'o mut Stage<'p>,
+    /// Runs cut by whitespace since the last charge.
+    gaps: u64,
 }
 
 impl Runs<'_, '_> {
@@ -1310,6 +1361,7 @@ impl Runs<'_, '_> {
     fn gap(&mut self, b: &[u8], i: usize) -> usize {
         if is_ws(b, i) {
             self.cut(b, i);
+            self.gaps += 1;
             self.run = ws(b, i);
             return self.run;
         }
@@ -1320,7 +1372,7 @@ impl Runs<'_, '_> {
     /// `parse_str`, its bytes known to be UTF-8): part of the run unless it
     /// has escapes, which are decoded and written as serde escapes.
     /// Returns the index after it.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self, b: &[u8], q: usize) -> Res<usize> {
         let (j, _) = scan_special(b, q + 1);
         if b.get(j) == Some(&b'"') {
@@ -1401,6 +1453,19 @@ mod tests {
                 prop_assert_eq!(f.len, model.len());
                 prop_assert_eq!(f.top_is_obj(), model.last().copied().unwrap_or(false));
             }
+        }
+
+        /// Whitespace is skipped to where a bytewise skip stops, long runs
+        /// (8 bytes a step) included.
+        #[test]
+        fn ws_matches_bytewise(data in proptest::collection::vec(
+            prop_oneof![12 => Just(b' '), 8 => Just(b'\n'), 8 => Just(b'\t'), 8 => Just(b'\r'),
+                1 => Just(0x0b), 1 => Just(0x0c), 1 => Just(0x00), 1 => Just(0x21), 1 => Just(0xa0),
+                1 => any::<u8>()], 0..80),
+            at in 0usize..80) {
+            let naive = data.iter().skip(at).position(|c| !b" \n\t\r".contains(c))
+                .map_or(data.len().max(at), |k| at + k);
+            prop_assert_eq!(ws(&data, at), naive);
         }
 
         /// The string scanner stops where a bytewise scan stops.

@@ -144,6 +144,10 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
         ),
         ("empty_messages_349k", wrap(list("{}", mib / 3))),
         (
+            "short_messages_38k",
+            wrap(list(r#"{"role":"user","content":"a"}"#, mib / 30)),
+        ),
+        (
             "number_parts_524k",
             user(format!("[{}]", list("0", mib / 2))),
         ),
@@ -190,6 +194,24 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
             format!(
                 r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"q"}}]}}"#,
                 list(r#"{"b":0,"a":0}"#, mib / 14)
+            )
+            .into_bytes(),
+        ),
+        (
+            // Whitespace between every token: canonical JSON's runs are
+            // cut at each.
+            "spaced_tool_objects_58k",
+            format!(
+                r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"q"}}]}}"#,
+                vec![r#"{ "b": 0, "a": [ 1 ] }"#; mib / 18].join(" , ")
+            )
+            .into_bytes(),
+        ),
+        (
+            "whitespace_1MiB",
+            format!(
+                r#"{{"model":"m","tools":[{}0],"messages":[{{"role":"user","content":"q"}}]}}"#,
+                " \n".repeat(mib / 2 - 40)
             )
             .into_bytes(),
         ),
