@@ -58,7 +58,7 @@ pub fn ws(b: &[u8], i: usize) -> usize {
     }
 }
 
-/// [`ws`] after two whitespace bytes: a byte a step, then after 8 bytes 8
+/// [`ws`] after two whitespace bytes: up to 7 more a byte a step, then 8
 /// bytes a step (a long run of whitespace costs about what a string's
 /// bytes cost, not a loop a byte).
 #[inline(never)]
@@ -392,26 +392,6 @@ impl StrOut for Vec<u8> {
 /// false its bytes must be UTF-8). Returns the index after the closing quote.
 #[inline]
 pub fn decode_str<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
-    decode_str_at(b, i, utf8_known, out)
-}
-
-/// [`decode_str`] with a short string without escapes (a key, a short
-/// value) in one step (for the walks of element-heavy values).
-#[inline]
-pub fn decode_str_fast<O: StrOut>(b: &[u8], i: usize, utf8_known: bool, out: &mut O) -> Res<usize> {
-    if let Some(c) = b.get(i..).and_then(|r| r.first_chunk::<8>()) {
-        let w = u64::from_le_bytes(*c);
-        let m = stop_mask(w);
-        if m != 0 {
-            let at = (m.trailing_zeros() / 8) as usize;
-            if c.get(at) == Some(&b'"') && (utf8_known || w & HIGH & (m - 1) == 0) {
-                if let Some(seg) = c.get(..at).filter(|s| !s.is_empty()) {
-                    out.raw(seg);
-                }
-                return Ok(i + at + 1);
-            }
-        }
-    }
     decode_str_at(b, i, utf8_known, out)
 }
 
