@@ -14,7 +14,8 @@
 #   ./build.sh peers      a Python venv at .venv-peers with sglang-router==0.3.2 (SGLang's model
 #                         gateway, for the demo's --sglang columns and the e2e test that runs it)
 #   ./build.sh demo [..]  setup + wasm + native, then `prefix-router-lab demo [..]`
-#   ./build.sh test       setup, peers, fmt, clippy (native + wasm32), unit tests, core tests on
+#   ./build.sh test       setup, peers, fmt, clippy (native + wasm32), the fuzz targets checked
+#                         to compile, unit tests, core tests on
 #                         wasm32 under node's WASI, wasm build, validate, native build, end-to-end
 #   ./build.sh fuzz       nightly + cargo-fuzz (installed if missing), then each fuzz/ target for
 #                         FUZZ_SECONDS (60) from its committed seeds (fuzz/seeds/<target>); prints
@@ -176,6 +177,11 @@ cmd_test() {
 
     step "test: cargo clippy -p prefix-router-core -p prefix-router --target wasm32-wasip1 -- -D warnings"
     cargo clippy -p prefix-router-core -p prefix-router --target wasm32-wasip1 -- -D warnings
+
+    # The fuzz targets are not run here (`./build.sh fuzz`), but they must
+    # still compile against the core (stable cargo check; no nightly needed).
+    step "test: cargo check --manifest-path fuzz/Cargo.toml --bins (the fuzz targets compile)"
+    cargo check --manifest-path fuzz/Cargo.toml --bins
 
     step "test: cargo test --workspace (unit and property tests; end-to-end tests are run below)"
     cargo test --workspace

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use prefix_router_core::{load, scrape};
+use prefix_router_core::{host_state, load, scrape};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&pick, rest)) = data.split_first() else {
@@ -30,13 +30,13 @@ fuzz_target!(|data: &[u8]| {
     let store = prefix_router_core::store::MemStore::default();
     let now = 1_000_000;
     if let Ok(Some(v)) = load::parse_orca(&text, &o) {
-        let _ = load::record_report(&store, "h", v, v, now);
+        let _ = host_state::record_report(&store, "h", v, v, now);
     }
     if let Ok(v) = load::parse_queue_header(&text) {
-        let _ = load::record_report(&store, "q", v, 0.0, now);
+        let _ = host_state::record_report(&store, "q", v, 0.0, now);
     }
     for h in ["h", "q"] {
-        if let Ok(l) = load::read_load(&store, h) {
+        if let Ok(l) = host_state::read_load(&store, h) {
             let _ = l.reported(
                 now + 500,
                 load::Freshness {
