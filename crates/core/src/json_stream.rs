@@ -1155,13 +1155,14 @@ impl Canon {
                     } else {
                         stack.push((true, false));
                         i += 1;
-                        if let Some(v) =
-                            Self::member(b, &mut i, None, &mut r, stack, work, base, &mut ty)?
-                        {
-                            i = v;
-                            continue 'value;
+                        match Self::member(b, &mut i, None, &mut r, stack, work, base, &mut ty)? {
+                            Member::Value(v) => {
+                                i = v;
+                                continue 'value;
+                            }
+                            Member::Dropped => {}
+                            Member::End => _ = stack.pop(),
                         }
-                        stack.pop();
                     }
                 }
                 Some(_) => return fail(i, "expected value"),
@@ -1185,7 +1186,7 @@ impl Canon {
                             r.cut(b, comma);
                             r.run = i;
                         }
-                        if let Some(v) = Self::member(
+                        let m = Self::member(
                             b,
                             &mut i,
                             Some(comma),
@@ -1194,11 +1195,15 @@ impl Canon {
                             work,
                             base,
                             &mut ty,
-                        )? {
-                            i = v;
-                            continue 'value;
+                        )?;
+                        match m {
+                            Member::Value(v) => {
+                                i = v;
+                                continue 'value;
+                            }
+                            Member::Dropped => {}
+                            Member::End => _ = stack.pop(),
                         }
-                        stack.pop();
                     }
                     (true, Some(b'}')) | (false, Some(b']')) => {
                         i += 1;
@@ -1216,12 +1221,14 @@ impl Canon {
     }
 
     /// The next member of the object on top of `stack`: `i` is after its
-    /// `{` (`comma` None) or after a member's `,` (at `comma`). Returns the
-    /// index of the member's value after writing its key (and the comma,
-    /// if a member was written before); or None at `}` (`i` after it).
-    /// Skips `cache_control` members (checked as any value, without
-    /// output); notes in `ty` where the value of the outermost object's
-    /// last `type` key starts.
+    /// `{` (`comma` None) or after a member's `,` (at `comma`). Writes its
+    /// key (and the comma, if a member was written before) and returns
+    /// where its value starts; or, at `}`, [`Member::End`] (`i` after it).
+    /// A `cache_control` member is checked as any value, without output,
+    /// and [`Member::Dropped`] (`i` after it): the caller goes on as after
+    /// a value, where a comma that follows stays unwritten until a member
+    /// is. Notes in `ty` where the value of the outermost object's last
+    /// `type` key starts.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn member(
@@ -1233,72 +1240,65 @@ impl Canon {
         work: &mut Work,
         base: usize,
         ty: &mut Option<usize>,
-    ) -> Res<Option<usize>> {
+    ) -> Res<Member> {
         let depth = stack.len();
-        let mut comma = comma;
-        loop {
-            let j = r.gap(b, *i);
-            match b.get(j) {
-                Some(b'"') => {}
-                Some(b'}') if comma.is_none() => {
-                    *i = j + 1;
-                    return Ok(None);
-                }
-                _ => return fail(j, "key must be a string"),
+        let j = r.gap(b, *i);
+        match b.get(j) {
+            Some(b'"') => {}
+            Some(b'}') if comma.is_none() => {
+                *i = j + 1;
+                return Ok(Member::End);
             }
-            let fast = key_word(b, j + 1, true);
-            let cc = match fast {
-                Some((w, _)) => w == CACHE_CONTROL_W,
-                None => str_is(b, j, CACHE_CONTROL),
-            };
-            // The comma is still in the run (not written yet).
-            let held = comma.filter(|&c| r.run <= c);
-            if cc {
-                r.cut(b, held.unwrap_or(j));
-                let v = colon(b, decode_str(b, j + 1, true, &mut NoOut)?)?;
-                let (mut buf, mut discard) = ([0u8; 64], Discard);
-                let mut none = Stage::new(&mut buf, &mut discard);
-                let end = Self::emit(b, v, &mut none, &mut Vec::new(), work, base + depth)?.0;
-                // The member and what is pending before it (whitespace only).
-                r.run = end;
-                let k = r.gap(b, end);
-                match b.get(k) {
-                    Some(b'}') => {
-                        *i = k + 1;
-                        return Ok(None);
-                    }
-                    Some(b',') => {
-                        comma = Some(k);
-                        *i = k + 1;
-                        r.run = *i;
-                        continue;
-                    }
-                    _ => return fail(k, "expected `,` or `}`"),
-                }
-            }
-            if comma.is_some() && held.is_none() && written(stack) {
-                r.cut(b, j);
-                r.out.put(b",");
-            }
-            if let Some(top) = stack.last_mut() {
-                top.1 = true;
-            }
-            let (is_type, e) = match fast {
-                Some((w, e)) => (w == TYPE_W, e),
-                None => (str_is(b, j, b"type"), r.string(b, j)?),
-            };
-            let k = r.gap(b, e);
-            match b.get(k) {
-                Some(b':') => {}
-                Some(_) => return fail(k, "expected `:`"),
-                None => return fail(k, "EOF while parsing an object"),
-            }
-            if depth == 1 && is_type {
-                *ty = Some(ws(b, k + 1));
-            }
-            return Ok(Some(k + 1));
+            _ => return fail(j, "key must be a string"),
         }
+        let fast = key_word(b, j + 1, true);
+        let cc = match fast {
+            Some((w, _)) => w == CACHE_CONTROL_W,
+            None => str_is(b, j, CACHE_CONTROL),
+        };
+        // The comma is still in the run (not written yet).
+        let held = comma.filter(|&c| r.run <= c);
+        if cc {
+            r.cut(b, held.unwrap_or(j));
+            let v = colon(b, decode_str(b, j + 1, true, &mut NoOut)?)?;
+            let (mut buf, mut discard) = ([0u8; 64], Discard);
+            let mut none = Stage::new(&mut buf, &mut discard);
+            *i = Self::emit(b, v, &mut none, &mut Vec::new(), work, base + depth)?.0;
+            r.run = *i;
+            return Ok(Member::Dropped);
+        }
+        if comma.is_some() && held.is_none() && written(stack) {
+            r.cut(b, j);
+            r.out.put(b",");
+        }
+        if let Some(top) = stack.last_mut() {
+            top.1 = true;
+        }
+        let (is_type, e) = match fast {
+            Some((w, e)) => (w == TYPE_W, e),
+            None => (str_is(b, j, b"type"), r.string(b, j)?),
+        };
+        let k = r.gap(b, e);
+        match b.get(k) {
+            Some(b':') => {}
+            Some(_) => return fail(k, "expected `:`"),
+            None => return fail(k, "EOF while parsing an object"),
+        }
+        if depth == 1 && is_type {
+            *ty = Some(ws(b, k + 1));
+        }
+        Ok(Member::Value(k + 1))
     }
+}
+
+/// What [`Canon::member`] met.
+enum Member {
+    /// A member whose value starts here (its key written).
+    Value(usize),
+    /// A dropped `cache_control` member.
+    Dropped,
+    /// The object's `}`.
+    End,
 }
 
 /// JSON whitespace at `i`.
