@@ -291,6 +291,18 @@ fn fallbacks_reach_a_backend_and_are_counted() {
     let envoy = ok(lab.envoy());
     let fallbacks = || filter_counter(&lab, &["prefix_router", "fallback"]);
 
+    // Every cause has its counter from the start (`host_error` had none
+    // while the counters' array was one cause short).
+    let samples = ok(envoy.prometheus());
+    for cause in prefix_router_core::FallbackCause::ALL {
+        let name = format!("prefix_router_fallback_{}", cause.as_str());
+        assert!(
+            samples.iter().any(|s| s.name == name),
+            "no counter {name}\nprefix_router metrics:\n{}",
+            prefix_router_metrics(&lab)
+        );
+    }
+
     // Bigger than the filter's max_body_bytes (1 MiB) but under the listener's
     // per_connection_buffer_limit_bytes (2 MiB).
     let big = chat_body(

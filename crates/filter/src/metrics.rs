@@ -4,9 +4,9 @@
 //!
 //! | name | meaning |
 //! |---|---|
-//! | `prefix_router.routed.hit` | routed to the key's ring owner |
-//! | `prefix_router.routed.spill` | routed past the owner because it was at its load bound |
-//! | `prefix_router.routed.moved` | cost rule: routed to a later candidate that won on its estimate (its cached prefix, or a shorter queue) over the first host under the bound |
+//! | `prefix_router.routed.hit` | routed to the first candidate (the group's ring owner, or the key's) |
+//! | `prefix_router.routed.spill` | routed past the first candidate because it was over its load bound, or ejected or unhealthy |
+//! | `prefix_router.routed.moved` | routed to a later candidate whose shorter queue paid the miss (`spill`, the default), or that won on its estimate over the first host under the bound (`index`) |
 //! | `prefix_router.spill_hops` | hosts skipped in total by spills |
 //! | `prefix_router.key.{prompt,session,user}` | where routed keys came from |
 //! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, too_complex, host_error |
@@ -31,6 +31,7 @@
 //! | `prefix_router.gossip.send_errors` | `gossip.peers`: batches not dispatched, answered non-2xx, or timed out |
 //! | `prefix_router.gossip.dropped` | `gossip.peers`: observations dropped unsent because the outbox held `max_batch_bytes` |
 //! | `prefix_router.gossip.applied` / `prefix_router.gossip.unknown_host` | `gossip.accept`: received observations recorded in this Envoy's index / naming a host not in its `hosts` (skipped) |
+//! | `prefix_router.gossip.loads_applied` | `gossip.accept`: peers' pending-prefill snapshots recorded |
 //! | `prefix_router.gossip.rejected` | `gossip.accept`: received batches refused (malformed, too large, another fingerprint, not a POST); the 400 answer and the log say why |
 //! | `prefix_router.membership.hosts` / `prefix_router.membership.healthy` | gauges: hosts the filter routes among (the static `hosts`, or the members of `membership.cluster`), and how many of them Envoy considers healthy |
 //! | `prefix_router.membership.source` | gauge: where the hosts came from: 0 the static `hosts` list, 1 the `hosts` seed while no `membership` poll has answered yet, 2 Envoy's cluster (`membership`) |
@@ -53,8 +54,8 @@ pub struct Metrics {
     spill: u32,
     moved: u32,
     spill_hops: u32,
-    key: [u32; 3],
-    fallback: [u32; 8],
+    key: [u32; KeySource::ALL.len()],
+    fallback: [u32; FallbackCause::ALL.len()],
     bytes_hashed: u32,
     pub load_reports: u32,
     pub load_report_errors: u32,
@@ -144,11 +145,11 @@ impl Metrics {
 
     /// Define every counter for this config.
     pub fn define(cfg: &Config) -> Metrics {
-        let mut key = [0; 3];
+        let mut key = [0; KeySource::ALL.len()];
         for (slot, s) in key.iter_mut().zip(KeySource::ALL) {
             *slot = def(&format!("prefix_router.key.{}", s.as_str()));
         }
-        let mut fallback = [0; 8];
+        let mut fallback = [0; FallbackCause::ALL.len()];
         for (slot, c) in fallback.iter_mut().zip(FallbackCause::ALL) {
             *slot = def(&format!("prefix_router.fallback.{}", c.as_str()));
         }
