@@ -490,9 +490,9 @@ pub struct RawScrape {
 /// Index gossip between Envoys ([`crate::gossip`]; needs
 /// `cost.mode = "index"`). Every `interval_ms` each VM sends what its
 /// responses taught it (host, uncached tokens, the prompt's chain hashes)
-/// in one POST to each peer. Peers must use the same `chunk_bytes`,
-/// `cost.stride_chunks` and `cost.dense_boundaries` (a fingerprint in each
-/// batch; mismatches are rejected). Expose `path` only where peers reach
+/// in one POST to each peer. Peers must use the same `chunk_bytes` and
+/// filter version (a fingerprint in each batch, which also covers the
+/// index's stride and boundary constants; mismatches are rejected). Expose `path` only where peers reach
 /// it: anyone who can POST there can steer the index (never past the
 /// bound). Null: off.
 #[derive(Debug, Clone, Deserialize)]
@@ -711,8 +711,8 @@ fn compile_gossip(
 }
 
 /// The filter's configuration: one JSON object, Envoy's wasm filter
-/// `configuration` value. Every field but `hosts` has a default; unknown
-/// fields are refused, and `on_configure` rejects a config that does not
+/// `configuration` value. Every field but `hosts` (optional with
+/// `membership`) has a default; unknown fields are refused, and `on_configure` rejects a config that does not
 /// validate, with an error naming the field, the value and the reason.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -763,7 +763,7 @@ pub struct RawConfig {
     pub paths: Vec<String>,
     /// The request header Envoy's `override_host` load-balancing policy
     /// reads the chosen endpoint from.
-    /// Allowed: an HTTP header name that is not a pseudo-header, hop-by-hop (`connection`, `te`, `upgrade`, `keep-alive`, `proxy-*`), framing (`content-length`, `transfer-encoding`), `host`, `content-type`/`-encoding`, `x-envoy-*` or an ORCA header.
+    /// Allowed: an HTTP header name that is not a pseudo-header, hop-by-hop (`connection`, `te`, `trailer`, `upgrade`, `keep-alive`, `proxy-*`), framing (`content-length`, `transfer-encoding`), `host`, `content-type`/`-encoding`, `x-envoy-*` or an ORCA header.
     #[serde(default = "d_dest")]
     pub destination_header: String,
     /// A response header exposing the decision, for debugging (e.g.
@@ -857,6 +857,22 @@ fn d_chunk() -> u32 {
 fn d_max_body() -> u64 {
     1 << 20
 }
+/// `field` (`name` as given, `lower` lowercased) must not name an ORCA
+/// load-report header.
+fn not_orca(field: &str, name: &str, lower: &str) -> Result<(), ConfigError> {
+    if matches!(
+        lower,
+        "endpoint-load-metrics-format" | "endpoint-load-metrics"
+    ) {
+        return Err(err(
+            field,
+            format!("{name:?}"),
+            "names an ORCA load-report header, which the filter sets and reads itself",
+        ));
+    }
+    Ok(())
+}
+
 fn d_paths() -> Vec<String> {
     [
         "/v1/chat/completions",
@@ -1668,23 +1684,22 @@ impl RawConfig {
             "removes it from every request and sets it on the requests it routes",
             "x-gateway-destination-endpoint",
         )?;
-        if matches!(
-            destination_header.as_str(),
-            "endpoint-load-metrics-format" | "endpoint-load-metrics"
-        ) {
-            return Err(err(
-                "destination_header",
-                format!("{:?}", self.destination_header),
-                "names an ORCA load-report header, which the filter sets and reads itself",
-            ));
-        }
+        not_orca(
+            "destination_header",
+            &self.destination_header,
+            &destination_header,
+        )?;
         let decision_header = match &self.decision_header {
-            Some(h) => Some(own_header(
-                "decision_header",
-                h,
-                "adds it to every response it decided",
-                "x-prefix-router-decision",
-            )?),
+            Some(raw) => {
+                let h = own_header(
+                    "decision_header",
+                    raw,
+                    "adds it to every response it decided",
+                    "x-prefix-router-decision",
+                )?;
+                not_orca("decision_header", raw, &h)?;
+                Some(h)
+            }
             None => None,
         };
         let mode = one_of(
@@ -2803,14 +2818,17 @@ mod tests {
                 format!(r#"{p} `{field}` = "{name}": names {what}; {does}"#)
             );
         }
-        assert_eq!(
-            text(&format!(
-                r#"{{{H},"destination_header":"endpoint-load-metrics-format"}}"#
-            )),
-            format!(
-                r#"{p} `destination_header` = "endpoint-load-metrics-format": names an ORCA load-report header, which the filter sets and reads itself"#
-            )
-        );
+        for (field, name) in [
+            ("destination_header", "endpoint-load-metrics-format"),
+            ("decision_header", "Endpoint-Load-Metrics"),
+        ] {
+            assert_eq!(
+                text(&format!(r#"{{{H},"{field}":"{name}"}}"#)),
+                format!(
+                    r#"{p} `{field}` = "{name}": names an ORCA load-report header, which the filter sets and reads itself"#
+                )
+            );
+        }
         assert_eq!(
             text(&format!(
                 r#"{{{H},"destination_header":"x-route","key":{{"session_header":"X-Route"}}}}"#

@@ -172,7 +172,8 @@ pub enum Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpillNote {
     /// A later turn of a conversation (it never leaves `o` by the bound
-    /// alone); `false`: a first turn.
+    /// alone unless every candidate is over its bound); `false`: a first
+    /// turn.
     pub later: bool,
     /// Which step decided ([`crate::spill::Why`]).
     pub why: crate::spill::Why,

@@ -32,7 +32,8 @@
 //! 3. **A later turn** (a session or user key, or a conversation key whose
 //!    prompt goes on past the first user message) stays at
 //!    `o` under `o`'s bound (below), and over it leaves only as step 3's
-//!    price allows, never by the bound alone: the bound's load is partly
+//!    price allows, never by the bound alone (unless every candidate is
+//!    over its bound, step 4): the bound's load is partly
 //!    this proxy's own in-flight count, which the fleet's other proxies do
 //!    not see, so moving a conversation by it would split the conversation
 //!    between proxies. Without a fresh report for `o` a later turn stays.
