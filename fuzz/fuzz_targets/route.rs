@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
     let Some(api) = cfg.api_for_path(PATHS[usize::from(head & 3)]) else {
         return;
     };
-    let session = (head & 4 != 0).then_some("session-from-a-header");
+    let session = (head & 4 != 0).then_some(&b"session-\xff-from-a-header"[..]);
     let now = 1_000_000;
     let loads: Vec<HostLoad> = (0..cfg.hosts.len())
         .map(|i| {

@@ -291,6 +291,13 @@ fn fallbacks_reach_a_backend_and_are_counted() {
     let envoy = ok(lab.envoy());
     let fallbacks = || filter_counter(&lab, &["prefix_router", "fallback"]);
 
+    // VMs started: one per worker (the lab runs 2) and two more, as README says to
+    // alert on.
+    assert_eq!(
+        filter_counter(&lab, &["prefix_router_vm_starts"]),
+        4.0,
+        "prefix_router.vm.starts after startup with 2 workers"
+    );
     // Every cause has its counter from the start (`host_error` had none
     // while the counters' array was one cause short).
     let samples = ok(envoy.prometheus());
@@ -374,6 +381,24 @@ fn fallbacks_reach_a_backend_and_are_counted() {
             r.decision()
         );
     }
+
+    // A chunked body with nothing in it (only the last, empty chunk) is `no_body`, as a request
+    // that ends with its headers is, not a parse error.
+    let no_body = || filter_counter(&lab, &["prefix_router_fallback_no_body"]);
+    let before = no_body();
+    let (status, text) = raw_exchange(
+        envoy.listener_port,
+        &chunked_request("/v1/chat/completions", b"", 1),
+    );
+    assert!(
+        (200..500).contains(&status),
+        "empty chunked body: {text:.400}"
+    );
+    assert_eq!(
+        no_body() - before,
+        1.0,
+        "empty chunked body not counted as no_body"
+    );
 
     // Above the listener's buffer limit too: the filter stopped buffering at max_body_bytes and
     // let the body stream on, so Envoy does not answer 413 either; a backend answers.
@@ -2402,6 +2427,31 @@ fn non_utf8_header_bytes_never_kill_the_vm() {
             post(b"content-type: application/json\r\nx-sim-bad-load-headers: 1\r\n"),
         ),
     ];
+    // The session header is hashed as sent: ids that differ only in bytes that are not
+    // UTF-8 get different keys (a lossy read made every such id `s\u{fffd}`), and the same
+    // id the same key.
+    let session_key = |id: &[u8]| {
+        let mut h = b"content-type: application/json\r\nx-session-id: ".to_vec();
+        h.extend_from_slice(id);
+        h.extend_from_slice(b"\r\n");
+        let (status, text) = raw_exchange(port, &post(&h));
+        assert_eq!(status, 200, "{:.400}", text);
+        text.lines()
+            .find(|l| {
+                l.to_ascii_lowercase()
+                    .starts_with("x-prefix-router-decision:")
+            })
+            .and_then(|l| l.split(';').find_map(|f| f.strip_prefix("key=")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no decision key in {:.400}", text))
+    };
+    let (a, b, a2) = (
+        session_key(b"s\xff"),
+        session_key(b"s\xfe"),
+        session_key(b"s\xff"),
+    );
+    assert_ne!(a, b, "session ids s\\xff and s\\xfe share a key");
+    assert_eq!(a, a2, "one session id, two keys");
     let routed = || decided(&lab);
     for (name, req) in &cases {
         // Four times each, on new connections: both workers meet every case.

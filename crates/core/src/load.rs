@@ -214,7 +214,7 @@ pub fn parse_orca(value: &str, metrics: &[String]) -> Result<Option<f64>, Report
                     .trim()
                     .parse()
                     .map_err(|_| ReportError(format!("ORCA value not a number: {item:?}")))?;
-                sum += x;
+                sum += in_range(x, item)?;
                 any = true;
             }
         }
@@ -230,8 +230,8 @@ pub fn parse_orca(value: &str, metrics: &[String]) -> Result<Option<f64>, Report
         let mut sum = 0.0;
         let mut any = false;
         for m in metrics {
-            if let Some(x) = o.named_metrics.get(m) {
-                sum += x;
+            if let Some(&x) = o.named_metrics.get(m) {
+                sum += in_range(x, m)?;
                 any = true;
             }
         }
@@ -241,6 +241,17 @@ pub fn parse_orca(value: &str, metrics: &[String]) -> Result<Option<f64>, Report
             "ORCA format not TEXT or JSON (BIN is not supported): {:?}",
             v.get(..v.len().min(16)).unwrap_or("")
         )))
+    }
+}
+
+/// A request count must be finite and not negative: a report of `inf`
+/// running requests would hold its replica over every bound until it
+/// expired (serde_json never yields a non-finite number; `parse` does).
+fn in_range(x: f64, item: &str) -> Result<f64, ReportError> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(ReportError(format!("ORCA value out of range: {item:?}")))
     }
 }
 
@@ -349,6 +360,24 @@ mod tests {
         assert!(parse_orca("BIN abc", &ms).is_err());
         assert!(parse_orca("TEXT named_metrics.num_requests_waiting=x", &ms).is_err());
         assert!(parse_orca("JSON {", &ms).is_err());
+        // Counts are finite and not negative, in either format.
+        for v in ["inf", "-inf", "NaN", "-1", "1e999"] {
+            let text = format!("TEXT named_metrics.num_requests_waiting={v}");
+            assert!(parse_orca(&text, &ms).is_err(), "{text}");
+        }
+        assert!(parse_orca(
+            r#"JSON {"named_metrics": {"num_requests_waiting": -2}}"#,
+            &ms
+        )
+        .is_err());
+        // A metric not asked for is not judged.
+        assert_eq!(
+            parse_orca(
+                "TEXT named_metrics.other=-1, named_metrics.num_requests_waiting=0",
+                &ms
+            ),
+            Ok(Some(0.0))
+        );
     }
 
     #[test]

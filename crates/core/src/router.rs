@@ -285,8 +285,9 @@ pub struct Request<'a> {
     pub api: Api,
     /// The complete request body.
     pub body: &'a [u8],
-    /// The session header's value (`key.session_header`), if any.
-    pub session: Option<&'a str>,
+    /// The session header's value (`key.session_header`), if any, as the
+    /// bytes the client sent (any bytes: it is only hashed).
+    pub session: Option<&'a [u8]>,
     /// Each configured host's load, indexed like the config's hosts
     /// (missing hosts: idle). Unused when [`Request::source`] is given.
     pub loads: &'a [HostLoad],
@@ -325,7 +326,7 @@ impl<'a> Request<'a> {
     }
 
     /// With the session header's value ([`Request::session`]).
-    pub fn with_session(self, session: Option<&'a str>) -> Request<'a> {
+    pub fn with_session(self, session: Option<&'a [u8]>) -> Request<'a> {
         Request { session, ..self }
     }
 
@@ -437,7 +438,7 @@ impl Router {
     }
 
     /// The routing key of a complete body.
-    pub fn key(&self, api: Api, body: &[u8], session: Option<&str>) -> Result<Key, FallbackCause> {
+    pub fn key(&self, api: Api, body: &[u8], session: Option<&[u8]>) -> Result<Key, FallbackCause> {
         self.key_impl(api, body, session, None).map(|(k, _)| k)
     }
 
@@ -449,7 +450,7 @@ impl Router {
         &self,
         api: Api,
         body: &[u8],
-        session: Option<&str>,
+        session: Option<&[u8]>,
     ) -> Result<(Key, PromptChain), FallbackCause> {
         self.key_impl(api, body, session, Some(self.cfg.cost.index.stride_chunks))
     }
@@ -458,7 +459,7 @@ impl Router {
         &self,
         api: Api,
         body: &[u8],
-        session: Option<&str>,
+        session: Option<&[u8]>,
         stride: Option<u32>,
     ) -> Result<(Key, PromptChain), FallbackCause> {
         if body.len() as u64 > self.cfg.max_body_bytes {
@@ -481,11 +482,11 @@ impl Router {
         };
         let seed = hash::model_seed(meta.model.as_bytes(), salt.map(str::as_bytes));
         let session_key = session.filter(|s| !s.is_empty()).map(|s| Key {
-            hash: hash::session_key(seed, s.as_bytes()),
+            hash: hash::session_key(seed, s),
             source: KeySource::Session,
             bytes_hashed: 0,
             prompt_bytes: 0,
-            group: hash::session_key(seed, s.as_bytes()),
+            group: hash::session_key(seed, s),
             anchored: false,
             preamble_group: false,
         });
@@ -968,7 +969,7 @@ mod tests {
         loads: &[HostLoad],
         now_ms: u64,
     ) -> Decision {
-        r.decide(&Request::new(api, body, loads, now_ms).with_session(session))
+        r.decide(&Request::new(api, body, loads, now_ms).with_session(session.map(str::as_bytes)))
             .decision
     }
 
@@ -984,7 +985,7 @@ mod tests {
     ) -> (Decision, PromptChain) {
         let d = r.decide(
             &Request::new(api, body, loads, now_ms)
-                .with_session(session)
+                .with_session(session.map(str::as_bytes))
                 .with_index(ix),
         );
         (d.decision, d.chain)
@@ -1148,10 +1149,18 @@ mod tests {
         let body = chat(&"long first message ".repeat(30), 3);
         for session in [None, Some("s1"), Some("")] {
             let k = r
-                .key(Api::ChatCompletions, body.as_bytes(), session)
+                .key(
+                    Api::ChatCompletions,
+                    body.as_bytes(),
+                    session.map(str::as_bytes),
+                )
                 .unwrap();
             let (k2, chain) = r
-                .key_with_chain(Api::ChatCompletions, body.as_bytes(), session)
+                .key_with_chain(
+                    Api::ChatCompletions,
+                    body.as_bytes(),
+                    session.map(str::as_bytes),
+                )
                 .unwrap();
             assert_eq!(k, k2);
             let mut v = Vec::new();
@@ -1163,7 +1172,7 @@ mod tests {
         let empty = r#"{"model":"m","messages":[]}"#;
         assert!(r.key(Api::ChatCompletions, empty.as_bytes(), None).is_err());
         let (k, c) = r
-            .key_with_chain(Api::ChatCompletions, empty.as_bytes(), Some("s"))
+            .key_with_chain(Api::ChatCompletions, empty.as_bytes(), Some(&b"s"[..]))
             .unwrap();
         assert_eq!(k.source, KeySource::Session);
         assert_eq!(c, PromptChain::default());
@@ -1267,7 +1276,11 @@ mod tests {
         let k = r.key(Api::Completions, prompt.as_bytes(), None).unwrap();
         assert!(!k.anchored && k.prompt_bytes > k.bytes_hashed, "{k:?}");
         let k = r
-            .key(Api::ChatCompletions, chat("x", 2).as_bytes(), Some("s"))
+            .key(
+                Api::ChatCompletions,
+                chat("x", 2).as_bytes(),
+                Some(&b"s"[..]),
+            )
             .unwrap();
         assert!(!k.anchored, "{k:?}");
     }
@@ -1456,10 +1469,18 @@ mod tests {
     fn session_overrides_prompt() {
         let r = router(4);
         let a = r
-            .key(Api::ChatCompletions, chat("x", 1).as_bytes(), Some("s1"))
+            .key(
+                Api::ChatCompletions,
+                chat("x", 1).as_bytes(),
+                Some(&b"s1"[..]),
+            )
             .unwrap();
         let b = r
-            .key(Api::ChatCompletions, chat("y", 3).as_bytes(), Some("s1"))
+            .key(
+                Api::ChatCompletions,
+                chat("y", 3).as_bytes(),
+                Some(&b"s1"[..]),
+            )
             .unwrap();
         assert_eq!((a.hash, a.group), (b.hash, b.group));
         assert!(a.prompt_bytes < b.prompt_bytes);

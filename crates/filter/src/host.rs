@@ -30,11 +30,6 @@ pub fn text(b: Vec<u8>) -> String {
     }
 }
 
-/// A request header (lossy UTF-8).
-pub fn request_header(name: &str) -> Result<Option<String>, Status> {
-    Ok(abi::header(MapType::HttpRequestHeaders, name)?.map(text))
-}
-
 /// The request headers, read with one host call
 /// ([`RequestHeaders::read`]), or header by header when that failed.
 pub struct RequestHeaders {
@@ -65,9 +60,16 @@ impl RequestHeaders {
     /// A header's first value (lossy UTF-8; names match without regard to
     /// ASCII case, as the host's own lookup does).
     pub fn get(&self, name: &str) -> Result<Option<String>, Status> {
+        Ok(self.get_bytes(name)?.map(text))
+    }
+
+    /// A header's first value as the client sent it ([`RequestHeaders::get`]
+    /// without the UTF-8 repair): values that differ only in invalid bytes
+    /// stay different.
+    pub fn get_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, Status> {
         match self.find(name) {
-            Some(v) => Ok(v.map(|v| text(v.to_vec()))),
-            None => request_header(name),
+            Some(v) => Ok(v.map(<[u8]>::to_vec)),
+            None => abi::header(MapType::HttpRequestHeaders, name),
         }
     }
 

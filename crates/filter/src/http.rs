@@ -74,7 +74,8 @@ pub const TEST_TRAP_HEADER: &str = "x-prefix-router-test-trap";
 pub struct Http {
     st: Rc<State>,
     api: Option<Api>,
-    session: Option<String>,
+    /// The session header's value as sent (any bytes).
+    session: Option<Vec<u8>>,
     decision: Option<Decision>,
     /// Body bytes buffered so far.
     body_size: usize,
@@ -199,7 +200,13 @@ impl Http {
     }
 
     fn header(&self, heads: &host::RequestHeaders, name: &str) -> Option<String> {
-        match heads.get(name) {
+        self.header_bytes(heads, name).map(host::text)
+    }
+
+    /// A request header's value as sent (the session header: values that
+    /// differ only in invalid UTF-8 must give different keys).
+    fn header_bytes(&self, heads: &host::RequestHeaders, name: &str) -> Option<Vec<u8>> {
+        match heads.get_bytes(name) {
             Ok(v) => v,
             Err(e) => {
                 self.host_error(&format!("reading request header {name}"), e);
@@ -860,7 +867,7 @@ impl Http {
             return self.fallback(FallbackCause::NoBody);
         }
         if let Some(h) = &cfg.key.session_header {
-            self.session = self.header(&heads, h);
+            self.session = self.header_bytes(&heads, h);
         }
         self.api = Some(api);
         Action::Pause
@@ -894,6 +901,10 @@ impl Http {
         self.body_size = body_size;
         if !end_of_stream {
             return Action::Pause;
+        }
+        if body_size == 0 {
+            // Headers without end of stream, then an empty chunk or frame.
+            return self.fallback(FallbackCause::NoBody);
         }
         self.decide(api, body_size)
     }
