@@ -492,9 +492,9 @@ pub struct RawScrape {
 /// responses taught it (host, uncached tokens, the prompt's chain hashes)
 /// in one POST to each peer. Peers must use the same `chunk_bytes` and
 /// filter version (a fingerprint in each batch, which also covers the
-/// index's stride and boundary constants; mismatches are rejected). Expose `path` only where peers reach
-/// it: anyone who can POST there can steer the index (never past the
-/// bound). Null: off.
+/// index's stride and boundary constants; mismatches are rejected).
+/// Expose `path` only where peers reach it: anyone who can POST there can
+/// steer the index (never past the bound). Null: off.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGossip {
@@ -712,8 +712,9 @@ fn compile_gossip(
 
 /// The filter's configuration: one JSON object, Envoy's wasm filter
 /// `configuration` value. Every field but `hosts` (optional with
-/// `membership`) has a default; unknown fields are refused, and `on_configure` rejects a config that does not
-/// validate, with an error naming the field, the value and the reason.
+/// `membership`) has a default; unknown fields are refused, and
+/// `on_configure` rejects a config that does not validate, with an error
+/// naming the field, the value and the reason.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
