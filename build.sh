@@ -186,6 +186,12 @@ cmd_test() {
     step "test: cargo test --workspace (unit and property tests; end-to-end tests are run below)"
     cargo test --workspace
 
+    # Criterion runs each benchmark once in test mode: the benches' own checks
+    # (every body keys as the reference does, or stops at the work budget) run,
+    # and a bench cannot rot unseen. Timing is `cargo bench`'s job, not CI's.
+    step "test: cargo test -p prefix-router-core --benches (each benchmark once, untimed)"
+    cargo test -p prefix-router-core --benches
+
     step "test: prefix-router-core tests on wasm32-wasip1 under node's WASI"
     command -v node >/dev/null || die "node not found (needed to run the wasm32-wasip1 tests)"
     [[ -f "$ROOT/tools/wasi-run.mjs" ]] || die "tools/wasi-run.mjs is missing"

@@ -690,19 +690,15 @@ fn vm_failure_fails_open() {
             .map(|r| (r.status, r.backend().map(str::to_string)))
     );
 
-    let mut seen = std::collections::BTreeSet::new();
+    // (The testbed filter routes nothing, so which backend answers says nothing about it:
+    // only that every request is still answered.)
     for i in 0..8 {
         let r = ok(http::get(&agent, &url));
         assert_eq!(
             r.status, 200,
             "request {i} after the VM failure was not served (FAIL_OPEN expected): {r:?}"
         );
-        seen.insert(r.backend().unwrap_or_default().to_string());
     }
-    assert!(
-        seen.len() >= 2,
-        "no round robin after the failure: {seen:?}"
-    );
     let log = ok(lab.envoy()).log();
     assert!(
         log.contains("panicked") || log.contains("Function: proxy_on_request_headers failed"),
@@ -958,7 +954,15 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
 
     let mut after: std::collections::BTreeMap<String, usize> = Default::default();
     let mut moved = 0;
-    for i in 0..conversations {
+    let mut opened = 0;
+    // New conversations until two of them were placed past their owner (the spiked replica
+    // owns about a quarter of new keys; 40 at most): without one, nothing below would test
+    // the spike.
+    for i in 0..40 {
+        if moved >= 2 {
+            break;
+        }
+        opened += 1;
         let mut h = conversation_start("cost-new", i);
         for t in 0..2 {
             let r = chat_turn(&agent, &lab, &mut h, &format!("New question {t} for {i}?"));
@@ -983,7 +987,11 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
     eprintln!(
         "during the spike, new-conversation requests per replica: {after:?}; \
          {moved} of {} placed past their ring owner",
-        conversations * 2
+        opened * 2
+    );
+    assert!(
+        moved >= 1,
+        "none of {opened} new conversations was placed past its owner: the spike was not tested"
     );
     assert_eq!(
         filter_counter(&lab, &["prefix_router", "host_errors"]),
@@ -991,7 +999,6 @@ fn cost_mode_keeps_affinity_and_avoids_a_spike() {
         "{}",
         prefix_router_metrics(&lab)
     );
-    assert!(filter_counter(&lab, &["prefix_router", "index", "observed"]) > 0.0);
 }
 
 /// The decision header's `cached=` field (cost rule): prefix bytes the shared index believed
@@ -2861,6 +2868,12 @@ fn a_killed_replica_is_ejected_while_retries_hide_it() {
     assert!(
         strays.is_empty(),
         "requests failed that had not started on {victim}: {strays:?}"
+    );
+    // Retries did hide the kill (16-21 retried requests a run when this was written), so the
+    // check below has something to check.
+    assert!(
+        !retried.is_empty(),
+        "no request routed to {victim} was retried elsewhere"
     );
     assert!(
         off_successor.is_empty(),

@@ -568,7 +568,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn the_choice_is_eligible_and_a_function_of_its_inputs(
+        fn the_choice_is_eligible(
             key in any::<u64>(),
             loads in proptest::collection::vec(0u64..40, 6),
             queues in proptest::collection::vec(proptest::option::of(0.0f64..30.0), 6),
@@ -577,9 +577,7 @@ mod tests {
         ) {
             let r = ring(6);
             let x = inputs(&loads, &queues, &eligible, held);
-            let a = place(&r, key, &bound(), &x);
-            prop_assert_eq!(a, place(&r, key, &bound(), &x));
-            match a {
+            match place(&r, key, &bound(), &x) {
                 Some(p) => prop_assert!(eligible[p.host]),
                 None => prop_assert!(eligible.iter().all(|e| !e)),
             }

@@ -112,8 +112,11 @@ fn memory_per_body_byte() {
         worst = worst.max(kn);
     }
     println!("worst k (new): {worst:.3}");
+    // 0.19 when this bar was set: the extraction never holds a copy of the body (one copy
+    // alone would be 1.0). The VM's bar (issue 21: under 4x the body in all) counts the
+    // buffered body itself too.
     assert!(
-        worst <= 3.0,
-        "per-request memory above 3x the body: {worst}"
+        worst <= 0.5,
+        "extraction's peak heap above 0.5x the body: {worst}"
     );
 }

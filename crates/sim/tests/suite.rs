@@ -466,6 +466,7 @@ fn gzipped_traces_read_as_plain() {
     let a = prefix_router_sim::workload::load_trace(&plain, &opts, 1, 16).expect("plain");
     let b = prefix_router_sim::workload::load_trace(&gz, &opts, 1, 16).expect("gz");
     assert_eq!(a.len(), 2);
+    assert_eq!(b.len(), a.len());
     assert_eq!(a.name, b.name);
     for (x, y) in a.requests.iter().zip(&b.requests) {
         assert_eq!(x.prompt.blocks(), y.prompt.blocks());
