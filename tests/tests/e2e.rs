@@ -1472,19 +1472,7 @@ fn shared_index_loses_no_update_under_two_workers() {
         }
     }
     // Both workers took connections.
-    let stats = ok(ok(lab.envoy()).stats_text());
-    let per_worker: Vec<f64> = (0..2)
-        .map(|w| {
-            stats
-                .lines()
-                .filter(|l| {
-                    l.starts_with("listener.")
-                        && l.contains(&format!(".worker_{w}.downstream_cx_total:"))
-                })
-                .filter_map(|l| l.rsplit(':').next()?.trim().parse::<f64>().ok())
-                .sum()
-        })
-        .collect();
+    let per_worker = worker_connections(&lab);
     eprintln!(
         "connections per worker {per_worker:?}; index observed {}; missing {}",
         filter_counter(&lab, &["prefix_router", "index", "observed"]),
@@ -2346,6 +2334,49 @@ fn decided(lab: &Lab) -> f64 {
 }
 
 /// No wasm panic or VM failure in Envoy's log.
+/// Connections each of Envoy's 2 workers accepted so far (its listeners' counters).
+fn worker_connections(lab: &Lab) -> [f64; 2] {
+    let stats = ok(ok(lab.envoy()).stats_text());
+    let mut out = [0.0; 2];
+    for (w, slot) in out.iter_mut().enumerate() {
+        *slot = stats
+            .lines()
+            .filter(|l| {
+                l.starts_with("listener.")
+                    && l.contains(&format!(".worker_{w}.downstream_cx_total:"))
+            })
+            .filter_map(|l| l.rsplit(':').next()?.trim().parse::<f64>().ok())
+            .sum();
+    }
+    out
+}
+
+/// Calls `send` (one request on a new connection) at least `min` times and until each of
+/// Envoy's 2 workers took one of its connections, at most `max` times; returns how many times
+/// it sent. Fails the test if a worker never did: "both workers meet every case" is checked,
+/// not hoped for (Envoy does not promise to spread connections).
+fn on_both_workers(
+    lab: &Lab,
+    what: &str,
+    min: usize,
+    max: usize,
+    mut send: impl FnMut(usize),
+) -> usize {
+    let mut seen = [false; 2];
+    for i in 0..max {
+        let before = worker_connections(lab);
+        send(i);
+        let after = worker_connections(lab);
+        for w in 0..2 {
+            seen[w] |= after[w] > before[w];
+        }
+        if i + 1 >= min && seen.iter().all(|s| *s) {
+            return i + 1;
+        }
+    }
+    panic!("{what}: a worker took none of {max} connections (seen {seen:?})");
+}
+
 fn assert_no_vm_failure(log: &str) {
     assert!(
         !log.contains("panicked") && !log.contains("failed: "),
@@ -2461,8 +2492,8 @@ fn non_utf8_header_bytes_never_kill_the_vm() {
     assert_eq!(a, a2, "one session id, two keys");
     let routed = || decided(&lab);
     for (name, req) in &cases {
-        // Four times each, on new connections: both workers meet every case.
-        for i in 0..4 {
+        // At least four times each, on new connections, until both workers met the case.
+        on_both_workers(&lab, name, 4, 40, |i| {
             let (status, text) = raw_exchange(port, req);
             assert!(
                 (200..500).contains(&status),
@@ -2472,7 +2503,7 @@ fn non_utf8_header_bytes_never_kill_the_vm() {
             if name.contains("ORCA") {
                 assert_eq!(status, 200, "{name}: {:.400}", text);
             }
-        }
+        });
     }
     // Every later request is still decided by the filter, on every worker: 24 routed requests
     // on 24 connections move the filter's counters by exactly 24 (a dead VM's requests would
@@ -3129,8 +3160,8 @@ fn amplification_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 // 37. Element-heavy bodies (issue 21): 1 MiB bodies of ~350,000-520,000 tiny elements, each
-//     sent 4 times (both workers), get a normal answer (routed, or a counted fallback), grow
-//     the filter's VM memory (`prefix_router.vm.memory_bytes`, all workers summed) by less than
+//     sent at least 4 times and until both workers met it, get a normal answer (routed, or a
+//     counted fallback), grow the filter's VM memory (`prefix_router.vm.memory_bytes`, all workers summed) by less than
 //     4x one body, leave no `panicked` line, and the filter still decides every later request.
 //     Each is charged more than its work budget (`extract::budget`): the counted
 //     `too_complex` fallbacks, as the core decides natively.
@@ -3191,17 +3222,17 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
         let before = decided();
         let before_complex = too_complex();
         let req = post(&body);
-        for i in 0..4 {
+        let sent = on_both_workers(&lab, name, 4, 40, |i| {
             let (status, text) = raw_exchange(port, &req);
             assert!(
                 (200..500).contains(&status),
                 "{name} (#{i}): status {status}, {:.400}",
                 text
             );
-        }
+        });
         assert_eq!(
             decided() - before,
-            4.0,
+            sent as f64,
             "{name}: the filter did not decide (route or count a fallback) each body\n{}",
             prefix_router_metrics(&lab)
         );
@@ -3215,7 +3246,7 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
             Err(prefix_router_core::extract::ExtractError::TooComplex(_))
         );
         complex_bodies += usize::from(over);
-        let want = if over { 4.0 } else { 0.0 };
+        let want = if over { sent as f64 } else { 0.0 };
         assert_eq!(
             too_complex() - before_complex,
             want,
