@@ -3161,8 +3161,9 @@ fn amplification_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
 
 // 37. Element-heavy bodies (issue 21): 1 MiB bodies of ~350,000-520,000 tiny elements, each
 //     sent at least 4 times and until both workers met it, get a normal answer (routed, or a
-//     counted fallback), grow the filter's VM memory (`prefix_router.vm.memory_bytes`, all workers summed) by less than
-//     4x one body, leave no `panicked` line, and the filter still decides every later request.
+//     counted fallback), grow the filter's VM memory (`prefix_router.vm.memory_bytes`, all
+//     workers summed) by less than 4x one body, leave no `panicked` line, and the filter still
+//     decides every later request.
 //     Each is charged more than its work budget (`extract::budget`): the counted
 //     `too_complex` fallbacks, as the core decides natively.
 #[test]
