@@ -3684,7 +3684,8 @@ fn run_demo_backends(
 //     re-prefill. How many leave depends on how the workload's 50 conversations hash: this
 //     seed puts 21 of them on one replica (400 ring points), whose queue then moves 5-9 % of
 //     later turns even with one Envoy (93.7-95 % of turns on their replica). So the bars
-//     bound what a second Envoy adds to one Envoy's figures in the same run: at most 8 % more
+//     bound what a second Envoy adds to one Envoy's figures, summed or averaged over two
+//     rounds of each in the same run: at most 8 % more
 //     later turns changing replica, at most 3 points fewer turns on their replica, and 0.93x
 //     its hit rate (the former rule, which moved later turns by the bound: two Envoys 90-92 %
 //     of turns against one Envoy's 97 %, and 22-33 of 200 later turns moved); with an
@@ -3700,25 +3701,43 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
         ..WorkloadOptions::default()
     });
     let total = workload.total_requests();
-    let (run1, one) = run_demo_backends(
-        "e2e-one-envoy",
-        "one Envoy",
-        &workload,
-        1,
-        &FilterConfig::Default,
-    );
-    let (run2, two) = run_demo_backends(
-        "e2e-two-envoys",
-        "two Envoys",
-        &workload,
-        2,
-        &FilterConfig::Default,
-    );
-    let table = side_by_side(&[&one, &two]);
+    // Two rounds of one Envoy then two, compared on their sums: how many later turns a queue
+    // moves varies from run to run (one Envoy moved 11-26 of 200 in a round), and one round's
+    // difference was too noisy for the bars below (a second Envoy lost 3.7 points of turns in
+    // one CI run, -0.7 to 1.3 in five others).
+    let mut runs = Vec::new();
+    for round in 1..=2 {
+        for (proxies, name) in [(1, "one Envoy"), (2, "two Envoys")] {
+            let (run, report) = run_demo_backends(
+                &format!("e2e-{proxies}-envoys-{round}"),
+                &format!("{name}, round {round}"),
+                &workload,
+                proxies,
+                &FilterConfig::Default,
+            );
+            runs.push((proxies, run, report));
+        }
+    }
+    let reports: Vec<_> = runs.iter().map(|(_, _, r)| r).collect();
+    let table = side_by_side(&reports);
     eprintln!("{table}");
     let mut problems = Vec::new();
-    let (moved1, later1) = later_turn_moves(&run1);
-    let (moved2, later2) = later_turn_moves(&run2);
+    let sum = |p: usize| {
+        runs.iter()
+            .filter(|(n, _, _)| *n == p)
+            .map(|(_, run, _)| later_turn_moves(run))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    let mean = |p: usize, f: &dyn Fn(&prefix_router_lab::report::Report) -> f64| {
+        let v: Vec<f64> = runs
+            .iter()
+            .filter(|(n, _, _)| *n == p)
+            .map(|(_, _, r)| f(r))
+            .collect();
+        v.iter().sum::<f64>() / v.len().max(1) as f64
+    };
+    let (moved1, later1) = sum(1);
+    let (moved2, later2) = sum(2);
     eprintln!(
         "later turns that left the previous turn's replica: one Envoy {moved1} of {later1}, \
          two Envoys {moved2} of {later2}"
@@ -3738,7 +3757,8 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
     // Every decision explains itself (the spill rule's account in the decision header): the
     // turn it read from the request's bytes is the workload's, and a request that left its
     // owner names the owner and what the reports said.
-    for (name, run) in [("one Envoy", &run1), ("two Envoys", &run2)] {
+    for (_, run, report) in &runs {
+        let name = &report.label;
         for r in &run.records {
             let d = r.decision.as_deref().unwrap_or("");
             let field = |k| workload::decision_field(d, k);
@@ -3753,7 +3773,8 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
             }
         }
     }
-    for (name, r) in [("one Envoy", &one), ("two Envoys", &two)] {
+    for r in &reports {
+        let name = &r.label;
         if r.ok != total {
             problems.push(format!("{name}: {}/{total} requests succeeded", r.ok));
         }
@@ -3766,19 +3787,25 @@ fn two_envoys_with_the_default_config_keep_conversations_on_their_replica() {
             ));
         }
     }
-    if two.majority_share < one.majority_share - 0.03 {
+    let (share1, share2) = (
+        mean(1, &|r| r.majority_share),
+        mean(2, &|r| r.majority_share),
+    );
+    if share2 < share1 - 0.03 {
         problems.push(format!(
             "two Envoys keep {:.1} % of turns on their replica, one Envoy {:.1} % \
-             (want at most 3 points fewer)",
-            two.majority_share * 100.0,
-            one.majority_share * 100.0
+             (means of 2 rounds; want at most 3 points fewer)",
+            share2 * 100.0,
+            share1 * 100.0
         ));
     }
-    match (one.hit_rate, two.hit_rate) {
-        (Some(a), Some(b)) if b >= 0.93 * a => {}
-        (a, b) => problems.push(format!(
-            "two Envoys' hit rate {b:?} is not >= 0.93x one Envoy's {a:?}"
-        )),
+    let hit = |r: &prefix_router_lab::report::Report| r.hit_rate.unwrap_or(f64::NAN);
+    let (hit1, hit2) = (mean(1, &hit), mean(2, &hit));
+    // (A missing hit rate is NaN: it fails too.)
+    if hit2.is_nan() || hit1.is_nan() || hit2 < 0.93 * hit1 {
+        problems.push(format!(
+            "two Envoys' hit rate {hit2:.3} is not >= 0.93x one Envoy's {hit1:.3} (means of 2 rounds)"
+        ));
     }
     assert!(problems.is_empty(), "{}\n{table}", problems.join("\n"));
 }
