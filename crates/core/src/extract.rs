@@ -1207,7 +1207,11 @@ impl<S: PromptSink> Em<'_, '_, S> {
             // As in the first pass.
             self.canon.work.charge(cost::MEMBER, q)?;
             let (e, r) = match key_word(b, q + 1, true) {
-                Some((_, e)) => (e, Some(q)),
+                Some((w, e)) => {
+                    // The word read once answers whether it is `user` too.
+                    user = Some(w == word_of(b"user"));
+                    (e, Some(q))
+                }
                 None => opt_str(b, q, true)?,
             };
             (at[M_ROLE], seen[M_ROLE]) = (r, true);
