@@ -82,17 +82,26 @@ pub fn get_with(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)]) -> Res
     finish(req.call()?)
 }
 
-/// POST `body` with the given extra headers (content-type defaults to application/json).
 /// POST raw bytes as `application/octet-stream`.
 pub fn post_bytes(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<Reply> {
+    post_raw(agent, url, "application/octet-stream", body)
+}
+
+/// POST raw bytes as `application/json` (bodies built as bytes).
+pub fn post_json_bytes(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<Reply> {
+    post_raw(agent, url, "application/json", body)
+}
+
+fn post_raw(agent: &ureq::Agent, url: &str, content_type: &str, body: &[u8]) -> Result<Reply> {
     finish(
         agent
             .post(url)
-            .header("content-type", "application/octet-stream")
+            .header("content-type", content_type)
             .send(body)?,
     )
 }
 
+/// POST `body` with the given extra headers (content-type defaults to application/json).
 pub fn post(agent: &ureq::Agent, url: &str, headers: &[(&str, &str)], body: &str) -> Result<Reply> {
     let mut req = agent.post(url);
     if !headers

@@ -23,6 +23,7 @@ pub mod backend;
 pub mod envoy;
 pub mod gossip_cost;
 pub mod hostcalls;
+pub mod hostile_cpu;
 pub mod http;
 pub mod lab;
 pub mod overhead;

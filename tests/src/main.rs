@@ -107,6 +107,10 @@ enum Command {
     /// What receiving index gossip costs an Envoy
     #[command(long_about = GOSSIP_COST_ABOUT, after_help = ENVIRONMENT)]
     GossipCost(GossipCostArgs),
+    /// Envoy's CPU per request on dense 1 MB bodies, with the filter and without, beside a
+    /// plain 1 MB prompt (tests/src/hostile_cpu.rs)
+    #[command(after_help = ENVIRONMENT)]
+    HostileCpu(HostileCpuArgs),
 }
 
 /// `LO,HI` with `LO <= HI`.
@@ -361,6 +365,17 @@ struct SpikeArgs {
     /// `cost` fields merged into the second run, e.g. '{"mode": "index"}'
     #[arg(long, value_name = "JSON", value_parser = json_object)]
     cost_patch: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `prefix-router-lab hostile-cpu` options.
+#[derive(Debug, Clone, clap::Args)]
+struct HostileCpuArgs {
+    /// Rounds (fresh Envoys) per configuration; the minimum is reported
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = at_least_one)]
+    rounds: usize,
+    /// Requests per body per round
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = at_least_one)]
+    requests: usize,
 }
 
 /// `prefix-router-lab gossip-cost` options.
@@ -695,6 +710,9 @@ fn main() -> ExitCode {
         Command::Overhead(a) => overhead(a),
         Command::Spike(a) => spike(a),
         Command::GossipCost(a) => gossip_cost(a),
+        Command::HostileCpu(a) => {
+            prefix_router_lab::hostile_cpu::run(a.rounds, a.requests).map(|t| println!("{t}"))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -160,7 +160,7 @@ pub fn parse_wrk(out: &str) -> Option<WrkCounts> {
 }
 
 /// utime + stime of `pid` (all its threads), in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64, String> {
+pub(crate) fn cpu_ticks(pid: u32) -> Result<u64, String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| format!("/proc/{pid}/stat: {e}"))?;
     parse_stat_ticks(&stat).ok_or_else(|| format!("cannot parse /proc/{pid}/stat: {stat:?}"))
@@ -177,7 +177,7 @@ pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-fn clock_ticks_per_s() -> f64 {
+pub(crate) fn clock_ticks_per_s() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {

@@ -771,6 +771,43 @@ pub fn run_spread_observed(
     }
 }
 
+/// `head`, then as many `item`s (comma-separated) as fit in `size` bytes, then `tail`.
+pub fn filled(size: usize, head: &str, item: &str, tail: &str) -> Vec<u8> {
+    let n = size.saturating_sub(head.len() + tail.len()) / (item.len() + 1);
+    let mut b = String::with_capacity(size);
+    b.push_str(head);
+    b.push_str(&vec![item; n].join(","));
+    b.push_str(tail);
+    b.into_bytes()
+}
+
+/// Chat bodies of at most `size` bytes built from one repeated element: the amplification
+/// bodies of issue 21 (many tiny JSON elements per byte).
+pub fn dense_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
+    let fill = |head: &str, item: &str, tail: &str| filled(size, head, item, tail);
+    let user = r#"{"model":"sim-llm","max_tokens":4,"messages":[{"role":"user","content":["#;
+    vec![
+        (
+            "empty messages",
+            fill(
+                r#"{"model":"sim-llm","max_tokens":4,"messages":["#,
+                "{}",
+                "]}",
+            ),
+        ),
+        ("empty object parts", fill(user, "{}", "]}]}")),
+        ("number parts", fill(user, "0", "]}]}")),
+        (
+            "text parts",
+            fill(user, r#"{"type":"text","text":"a"}"#, "]}]}"),
+        ),
+        (
+            "unsorted part objects",
+            fill(user, r#"{"b":0,"a":0}"#, "]}]}"),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3125,40 +3125,6 @@ fn a_trapped_vm_is_reloaded_and_counted() {
     drop(lab);
 }
 
-/// Chat bodies of at most `size` bytes built from one repeated element: the amplification
-/// bodies of issue 21 (many tiny JSON elements per byte).
-fn amplification_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
-    let fill = |head: &str, item: &str, tail: &str| {
-        let n = (size - head.len() - tail.len()) / (item.len() + 1);
-        let mut b = String::with_capacity(size);
-        b.push_str(head);
-        b.push_str(&vec![item; n].join(","));
-        b.push_str(tail);
-        b.into_bytes()
-    };
-    let user = r#"{"model":"sim-llm","max_tokens":4,"messages":[{"role":"user","content":["#;
-    vec![
-        (
-            "empty messages",
-            fill(
-                r#"{"model":"sim-llm","max_tokens":4,"messages":["#,
-                "{}",
-                "]}",
-            ),
-        ),
-        ("empty object parts", fill(user, "{}", "]}]}")),
-        ("number parts", fill(user, "0", "]}]}")),
-        (
-            "text parts",
-            fill(user, r#"{"type":"text","text":"a"}"#, "]}]}"),
-        ),
-        (
-            "unsorted part objects",
-            fill(user, r#"{"b":0,"a":0}"#, "]}]}"),
-        ),
-    ]
-}
-
 // 37. Element-heavy bodies (issue 21): 1 MiB bodies of ~350,000-520,000 tiny elements, each
 //     sent at least 4 times and until both workers met it, get a normal answer (routed, or a
 //     counted fallback), grow the filter's VM memory (`prefix_router.vm.memory_bytes`, all
@@ -3213,7 +3179,7 @@ fn element_heavy_bodies_stay_within_4x_their_size_in_vm_memory() {
     let mut largest = 0usize;
     let too_complex = || filter_counter(&lab, &["prefix_router_fallback_too_complex"]);
     let mut complex_bodies = 0;
-    for (name, body) in amplification_bodies(size) {
+    for (name, body) in workload::dense_bodies(size) {
         assert!(
             body.len() <= size && body.len() > size - 32,
             "{name}: {}",
