@@ -191,6 +191,7 @@ fn bench_place(c: &mut Criterion) {
             let busy: Vec<HostLoad> = (0..n)
                 .map(|i| HostLoad {
                     inflight: if i + 2 < n { 100 } else { 0 },
+                    pending_requests: 0,
                     report: None,
                     ejected: false,
                     pending_prefill_tokens: 0,

@@ -2,8 +2,9 @@
 //!
 //! Everything a decision reads about a host lives in one value under
 //! `prefix_router/host/<address>` ([`HostRecord`], [`RECORD_BYTES`] bytes,
-//! fixed layout): this proxy's in-flight count, the replica's last load
-//! report, passive health, and the index rule's pending prefill tokens.
+//! fixed layout): this proxy's in-flight count and pending requests, the
+//! replica's last load report, passive health, and the index rule's
+//! pending prefill tokens.
 //! A decision reads one record per host it looks at (the key's ring-walk
 //! candidates), never the whole fleet's. Writers go through [`update`], a
 //! compare-and-swap loop on the one key ([`crate::store::cas_update`]), so
@@ -30,6 +31,8 @@
 //! | 48..56 | health: ejected until, ms (u64) |
 //! | 56..64 | pending prefill tokens (u64) |
 //! | 64 | flags: bit 0 = a report is present |
+//! | 65..73 | pending requests: routed, no response headers yet (u64) |
+//! | 73..81 | report: own pending requests at the report (u64) |
 //!
 //! A value of any other length (absent, cleared, garbage) reads as an idle,
 //! healthy host with no report.
@@ -39,7 +42,7 @@ use crate::load::{Freshness, HostLoad, Report};
 use crate::store::{cas_update, cas_update_from, decode_u64, SharedStore, Snapshot, StoreError};
 
 /// Bytes of an encoded [`HostRecord`].
-pub const RECORD_BYTES: usize = 65;
+pub const RECORD_BYTES: usize = 81;
 
 /// Shared-data key of the fleet record: the sum of the hosts' in-flight
 /// counts (u64).
@@ -61,6 +64,9 @@ pub struct HostRecord {
     pub health: HealthState,
     /// The index rule's pending prefill tokens (`cost.queue = tokens`).
     pub pending_tokens: u64,
+    /// Requests this proxy routed there that have no response headers yet
+    /// ([`HostLoad::pending_requests`]).
+    pub pending_requests: u64,
 }
 
 impl HostRecord {
@@ -93,9 +99,10 @@ impl HostRecord {
             queue: 0.0,
             running: 0.0,
             own: 0,
+            own_pending: 0,
             at_ms: 0,
         });
-        let fields: [(usize, [u8; 8]); 7] = [
+        let fields: [(usize, [u8; 8]); 9] = [
             (0, self.inflight.to_le_bytes()),
             (8, r.queue.to_le_bytes()),
             (16, r.at_ms.to_le_bytes()),
@@ -103,6 +110,8 @@ impl HostRecord {
             (32, r.own.to_le_bytes()),
             (48, self.health.ejected_until_ms.to_le_bytes()),
             (56, self.pending_tokens.to_le_bytes()),
+            (65, self.pending_requests.to_le_bytes()),
+            (73, r.own_pending.to_le_bytes()),
         ];
         for (at, v) in fields {
             if let Some(d) = b.get_mut(at..at + 8) {
@@ -139,6 +148,7 @@ impl HostRecord {
             at_ms: u64_at(b, 16)?,
             running: f64_at(b, 24)?,
             own: u64_at(b, 32)?,
+            own_pending: u64_at(b, 73)?,
         });
         Some(HostRecord {
             inflight: u64_at(b, 0)?,
@@ -149,6 +159,7 @@ impl HostRecord {
                 ejected_until_ms: u64_at(b, 48)?,
             },
             pending_tokens: u64_at(b, 56)?,
+            pending_requests: u64_at(b, 65)?,
         })
     }
 
@@ -158,6 +169,7 @@ impl HostRecord {
     pub fn load(&self, now_ms: u64) -> HostLoad {
         HostLoad {
             inflight: self.inflight,
+            pending_requests: self.pending_requests,
             report: self.report,
             ejected: self.health.ejected(now_ms),
             pending_prefill_tokens: self.pending_tokens,
@@ -365,10 +377,45 @@ pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Resul
     Ok(read(store, address)?.inflight)
 }
 
+/// What one request holds at the host it was routed to until its
+/// response headers: one pending request, and the index rule's pending
+/// prefill tokens (0 unless `cost.queue = tokens`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Pending {
+    /// Pending requests (1 for a routed request).
+    pub requests: u64,
+    /// Pending prefill tokens.
+    pub tokens: u64,
+}
+
+impl HostRecord {
+    /// Add what a routed request holds (saturating).
+    pub fn add_pending(&mut self, p: Pending) {
+        self.pending_requests = self.pending_requests.saturating_add(p.requests);
+        self.pending_tokens = self.pending_tokens.saturating_add(p.tokens);
+    }
+
+    /// Take off what an answered or ended request held (saturating at 0).
+    pub fn take_pending(&mut self, p: Pending) {
+        self.pending_requests = self.pending_requests.saturating_sub(p.requests);
+        self.pending_tokens = self.pending_tokens.saturating_sub(p.tokens);
+    }
+}
+
+/// Take off what a request held at a host ([`HostRecord::take_pending`]).
+pub fn release_pending<S: SharedStore + ?Sized>(
+    store: &S,
+    address: &str,
+    p: Pending,
+) -> Result<(), StoreError> {
+    update(store, address, |r| r.take_pending(p))
+}
+
 /// Store what a replica reported (`queue` waiting, `running` requests) at
-/// `at_ms`, with this proxy's own in-flight count at the host as of now
-/// ([`Report::own`], read in the same compare-and-swap), so that
-/// [`HostLoad::others`] can tell the proxy's requests from everyone
+/// `at_ms`, with this proxy's own in-flight count and pending requests at
+/// the host as of now ([`Report::own`], [`Report::own_pending`], read in
+/// the same compare-and-swap), so that [`HostLoad::others`] and
+/// [`HostLoad::fresh_queue`] can tell the proxy's requests from everyone
 /// else's.
 pub fn record_report<S: SharedStore + ?Sized>(
     store: &S,
@@ -377,29 +424,30 @@ pub fn record_report<S: SharedStore + ?Sized>(
     running: f64,
     at_ms: u64,
 ) -> Result<(), StoreError> {
-    record_report_releasing(store, address, queue, running, at_ms, 0)
+    record_report_releasing(store, address, queue, running, at_ms, Pending::default())
 }
 
-/// [`record_report`] that also takes `pending` tokens off the host's
-/// pending prefill tokens (saturating at 0), in the same update: a request
-/// that held them is answered.
+/// [`record_report`] that first takes off what the request whose
+/// response carried the report held there ([`HostRecord::take_pending`]),
+/// in the same update: it is answered, so no longer in the replica's
+/// waiting count the report gives.
 pub fn record_report_releasing<S: SharedStore + ?Sized>(
     store: &S,
     address: &str,
     queue: f64,
     running: f64,
     at_ms: u64,
-    pending: u64,
+    release: Pending,
 ) -> Result<(), StoreError> {
-    let take = pending.min(i64::MAX as u64);
     update(store, address, |r| {
+        r.take_pending(release);
         r.report = Some(Report {
             queue,
             running,
             own: r.inflight,
+            own_pending: r.pending_requests,
             at_ms,
         });
-        r.pending_tokens = r.pending_tokens.saturating_sub(take);
     })
 }
 
@@ -456,6 +504,7 @@ mod tests {
                 queue: 2.5,
                 running: 4.0,
                 own: 1,
+                own_pending: 6,
                 at_ms: 77,
             }),
             health: HealthState {
@@ -464,6 +513,7 @@ mod tests {
                 ejected_until_ms: 900,
             },
             pending_tokens: 12345,
+            pending_requests: 7,
         };
         assert_eq!(HostRecord::decode(Some(&r.encode())), r);
         let none = HostRecord { report: None, ..r };
@@ -532,17 +582,32 @@ mod tests {
             assert_eq!(read(&s, "a").unwrap(), read(&t, "a").unwrap());
             assert_eq!(read_fleet_inflight(&s), read_fleet_inflight(&t));
         }
-        // The pending tokens ride with the in-flight add and the report.
-        let (_, snap) = read_snapshot(&s, "p").unwrap();
-        add_inflight_with(&s, "p", 1, Some(snap), None, &mut |r| {
-            r.pending_tokens += 40
-        })
-        .unwrap();
-        record_report_releasing(&s, "p", 2.0, 1.0, 5, 40).unwrap();
+        // What a request holds rides with the in-flight add and is taken
+        // off with the report its response carried, before the report
+        // counts this proxy's pending requests.
+        let held = Pending {
+            requests: 1,
+            tokens: 40,
+        };
+        for _ in 0..2 {
+            let (_, snap) = read_snapshot(&s, "p").unwrap();
+            add_inflight_with(&s, "p", 1, Some(snap), None, &mut |r| r.add_pending(held)).unwrap();
+        }
+        record_report_releasing(&s, "p", 2.0, 1.0, 5, held).unwrap();
         let p = read(&s, "p").unwrap();
-        assert_eq!((p.inflight, p.pending_tokens), (1, 0));
-        assert_eq!(p.report.map(|r| (r.own, r.at_ms)), Some((1, 5)));
-        add_inflight(&s, "p", -1).unwrap();
+        assert_eq!(
+            (p.inflight, p.pending_requests, p.pending_tokens),
+            (2, 1, 40)
+        );
+        assert_eq!(
+            p.report.map(|r| (r.own, r.own_pending, r.at_ms)),
+            Some((2, 1, 5))
+        );
+        release_pending(&s, "p", held).unwrap();
+        release_pending(&s, "p", held).unwrap();
+        let p = read(&s, "p").unwrap();
+        assert_eq!((p.pending_requests, p.pending_tokens), (0, 0));
+        add_inflight(&s, "p", -2).unwrap();
         // At 0 it saturates and leaves the fleet's total alone.
         assert!(!release_and_record_health(&s, "a", OK, 9, &CFG).unwrap());
         assert_eq!(read(&s, "a").unwrap().inflight, 0);
@@ -559,6 +624,7 @@ mod tests {
                     queue: q,
                     running: 0.0,
                     own: 0,
+                    own_pending: 0,
                     at_ms: at,
                 })
             })
@@ -630,6 +696,7 @@ mod tests {
                 queue: 3.5,
                 running: 4.0,
                 own: 2,
+                own_pending: 0,
                 at_ms: 77,
             },
         )
@@ -642,6 +709,7 @@ mod tests {
                 queue: 3.5,
                 running: 4.0,
                 own: 2,
+                own_pending: 0,
                 at_ms: 77
             })
         );

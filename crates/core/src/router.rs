@@ -1200,6 +1200,7 @@ mod tests {
                     queue: ((round + k) % 9) as f64,
                     running: ((round * k) % 7) as f64,
                     own: inflight,
+                    own_pending: 0,
                     at_ms: 1_000,
                 }),
                 ..HostLoad::default()
@@ -1410,6 +1411,7 @@ mod tests {
             queue: 2.0,
             running: 0.0,
             own: 0,
+            own_pending: 0,
             at_ms: 0,
         });
         let at = |now_ms: u64| {
@@ -1502,6 +1504,7 @@ mod tests {
             queue: 100.0,
             running: 0.0,
             own: 0,
+            own_pending: 0,
             at_ms: 0,
         });
         let d = decide(&r, Api::ChatCompletions, body.as_bytes(), None, &loads, 5);
@@ -1742,6 +1745,7 @@ mod tests {
                 queue: q,
                 running: 0.0,
                 own: 0,
+                own_pending: 0,
                 at_ms: 1_000,
             });
         }
@@ -1816,6 +1820,7 @@ mod tests {
                                 queue: rnd(5) as f64,
                                 running: rnd(4) as f64,
                                 own: rnd(3),
+                                own_pending: 0,
                                 at_ms: 1_000,
                             }),
                             // Every host ejected in case 7: all count as eligible.

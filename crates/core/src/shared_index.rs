@@ -65,11 +65,11 @@
 //! never match a candidate. Store errors are reported, never panics.
 //!
 //! ## Pending prefill tokens
-//! [`add_pending_tokens`] / [`read_pending_tokens`] keep, per host, the
-//! prompt tokens of requests routed there that have not yet produced a
-//! response, in the host's record beside its in-flight count
-//! ([`crate::host_state`], `prefix_router/host/<address>`). They feed [`crate::load::HostLoad::pending_prefill_tokens`]
-//! for `queue = "tokens"`.
+//! The host's record ([`crate::host_state`], `prefix_router/host/<address>`)
+//! keeps, beside its in-flight count, the prompt tokens of requests routed
+//! there that have not yet produced a response
+//! ([`crate::host_state::Pending`]; [`read_pending_tokens`]). They feed
+//! [`crate::load::HostLoad::pending_prefill_tokens`] for `queue = "tokens"`.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -499,23 +499,6 @@ impl<S: SharedStore + ?Sized> PrefixLookup for SharedLookup<'_, S> {
     }
 }
 
-/// Add `delta` to a host's pending prefill tokens (saturating at 0), kept
-/// in its record ([`crate::host_state`]); returns the new value.
-pub fn add_pending_tokens<S: SharedStore + ?Sized>(
-    store: &S,
-    address: &str,
-    delta: i64,
-) -> Result<u64, StoreError> {
-    crate::host_state::update(store, address, |r| {
-        r.pending_tokens = if delta >= 0 {
-            r.pending_tokens.saturating_add(delta.unsigned_abs())
-        } else {
-            r.pending_tokens.saturating_sub(delta.unsigned_abs())
-        };
-        r.pending_tokens
-    })
-}
-
 /// A host's pending prefill tokens (0 if never set or garbage).
 pub fn read_pending_tokens<S: SharedStore + ?Sized>(
     store: &S,
@@ -797,9 +780,15 @@ mod tests {
     fn pending_tokens_counter() {
         let s = MemStore::default();
         assert_eq!(read_pending_tokens(&s, "a"), Ok(0));
-        assert_eq!(add_pending_tokens(&s, "a", 500), Ok(500));
-        assert_eq!(add_pending_tokens(&s, "a", 250), Ok(750));
-        assert_eq!(add_pending_tokens(&s, "a", -1000), Ok(0));
+        let p = |tokens| crate::host_state::Pending {
+            requests: 1,
+            tokens,
+        };
+        crate::host_state::update(&s, "a", |r| r.add_pending(p(500))).unwrap();
+        crate::host_state::update(&s, "a", |r| r.add_pending(p(250))).unwrap();
+        assert_eq!(read_pending_tokens(&s, "a"), Ok(750));
+        crate::host_state::release_pending(&s, "a", p(1000)).unwrap();
+        assert_eq!(read_pending_tokens(&s, "a"), Ok(0));
         s.set("prefix_router/host/b", b"xyz", None).unwrap();
         assert_eq!(read_pending_tokens(&s, "b"), Ok(0));
     }

@@ -26,9 +26,12 @@
 //!    single prompts sharing the preamble meet.
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
-//! 2. **Waits** come from the replicas' own reports: `W_h = q_h x
-//!    service_s`, `q_h` the fresh reported prefill queue (vLLM's
-//!    `num_requests_waiting`, ORCA or scrape), faded by age.
+//! 2. **Waits**: `W_h = q_h x service_s`, `q_h` the prefill queue
+//!    ([`crate::load::HostLoad::fresh_queue`]): this proxy's own requests
+//!    at `h` without response headers yet, counted live, plus the waiting
+//!    requests beyond them in `h`'s fresh report (vLLM's
+//!    `num_requests_waiting`, ORCA or scrape), faded by the report's age.
+//!    `None` without a fresh report.
 //! 3. **A later turn** (a session or user key, or a conversation key whose
 //!    prompt goes on past the first user message) stays at
 //!    `o` under `o`'s bound (below), and over it leaves only as step 3's
@@ -65,12 +68,16 @@
 //! ## Consistency
 //! What moves a later turn (a conversation that has a replica) is the same
 //! in every proxy: the ring, the config, the request's own bytes and the
-//! replicas' reports. A proxy's own in-flight requests enter only through
+//! replicas' queues. A proxy's own in-flight requests enter only through
 //! the bound's load ([`crate::load::HostLoad::effective`]: its in-flight
 //! requests plus the report's requests beyond its own when the report was
 //! taken), and only a first turn is ever moved by the bound alone: where a
 //! conversation opens may differ between proxies, where it goes on does
-//! not. No prefix index, no gossip, no state per key.
+//! not. A queue `q_h` is the replica's, estimated by each proxy from its
+//! last report and, live, its own part of it: proxies that hear from a
+//! replica at different times estimate the same queue, closer to it than
+//! their reports alone (with ORCA, older the more proxies there are). No
+//! prefix index, no gossip, no state per key.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per

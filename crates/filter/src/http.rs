@@ -89,9 +89,11 @@ pub struct Http {
     chain: Vec<u64>,
     /// Cost rule: the canonical prompt's length in bytes.
     prompt_bytes: u64,
-    /// Cost rule with `queue = tokens`: address and prompt tokens this
-    /// request holds in the shared pending-prefill count.
-    pending: Option<(String, u64)>,
+    /// Cost rule: the address and what this request holds there until its
+    /// response headers ([`host_state::Pending`]): one pending request (the
+    /// priced spill's own part of a queue, [`load::HostLoad::fresh_queue`])
+    /// and, with the index rule's `queue = tokens`, its prompt tokens.
+    pending: Option<(String, host_state::Pending)>,
     /// The index rule's prefill learning: (chosen host, uncached tokens, routing time,
     /// work known ahead of it there) for the prefill-rate sample taken at
     /// the response headers.
@@ -348,19 +350,22 @@ impl Http {
         // From the decision's reads of the host's record and the fleet
         // record: written with their CAS tokens, re-read only if they changed.
         let (host_snap, fleet_snap) = (loads.take_snapshot(idx), loads.take_fleet_snapshot());
-        let add = pending.min(i64::MAX as u64);
+        let held = host_state::Pending {
+            requests: u64::from(cfg.cost.enabled),
+            tokens: pending,
+        };
         match host_state::add_inflight_with(
             &SharedData,
             &h.address,
             1,
             host_snap,
             fleet_snap,
-            &mut |r| r.pending_tokens = r.pending_tokens.saturating_add(add),
+            &mut |r| r.add_pending(held),
         ) {
             Ok(_) => {
                 self.inflight = Some(h.address.clone());
-                if pending > 0 {
-                    self.pending = Some((h.address.clone(), pending));
+                if held != host_state::Pending::default() {
+                    self.pending = Some((h.address.clone(), held));
                 }
             }
             Err(e) => self.host_error("counting in-flight", e),
@@ -472,17 +477,17 @@ impl Http {
             }
         }
         let Some(q) = queue else { return };
-        // The pending prefill tokens this request holds there are released
-        // in the same update.
+        // What this request holds there is released in the same update,
+        // before the report counts this Envoy's pending requests.
         let release = match &self.pending {
-            Some((a, t)) if *a == served => *t,
-            _ => 0,
+            Some((a, held)) if *a == served => *held,
+            _ => host_state::Pending::default(),
         };
         // With this Envoy's own requests at the host as of now (this
         // request included: it is still in flight).
         match host_state::record_report_releasing(&SharedData, &served, q, running, now, release) {
             Ok(()) => {
-                if release > 0 {
+                if release != host_state::Pending::default() {
                     self.pending = None;
                 }
                 self.st.mark_reported(idx, now);
@@ -788,11 +793,13 @@ impl Http {
         (bytes as f64 / cfg.cost.params.bytes_per_token).ceil() as u64
     }
 
+    /// Release what this request holds at its host ([`Http::pending`]):
+    /// at its response headers (when no report took it off with the
+    /// report) or at its end, whichever comes first.
     fn release_pending(&mut self) {
-        if let Some((addr, tokens)) = self.pending.take() {
-            let delta = i64::try_from(tokens).unwrap_or(i64::MAX);
-            if let Err(e) = shared_index::add_pending_tokens(&SharedData, &addr, -delta) {
-                self.host_error("releasing pending prefill tokens", e);
+        if let Some((addr, held)) = self.pending.take() {
+            if let Err(e) = host_state::release_pending(&SharedData, &addr, held) {
+                self.host_error("releasing pending requests", e);
             }
         }
     }

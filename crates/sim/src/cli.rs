@@ -208,6 +208,11 @@ pub struct RunArgs {
         help_heading = "Routing"
     )]
     pub report_delay_ms: f64,
+    /// The filter's policies read every sampled report (as a `scrape` at
+    /// --report-interval-ms would), instead of ORCA on their own responses
+    /// only (each proxy its own, at each first token: the default config)
+    #[arg(long, help_heading = "Routing")]
+    pub sampled_reports: bool,
 
     /// JSON on stdout instead of the table
     #[arg(long, help_heading = "Output")]
@@ -307,6 +312,7 @@ impl RunArgs {
         }
         a.cfg.report_interval_s = self.report_interval_ms / 1000.0;
         a.cfg.report_delay_s = self.report_delay_ms / 1000.0;
+        a.cfg.orca_reports = !self.sampled_reports;
         a.cfg.output_kv = !self.no_output_kv;
         a.cfg.window_s = self.window_s;
         a.cfg.busy_window_s = self.busy_window_s;

@@ -13,10 +13,16 @@
 //! ## Load signal
 //! Each router instance ("proxy") counts its own in-flight requests per
 //! replica, updated immediately (as the filter's shared-data counters are).
-//! Replica reports (waiting, running, KV usage) are sampled every
-//! `report_interval_s` and become visible to every proxy `report_delay_s`
-//! later (scraping, or ORCA response headers, with staleness); interval 0
-//! turns reports off.
+//! Each also counts its requests per replica that have no first token yet
+//! (the filter: no response headers yet).
+//! Replica reports (waiting, running, KV usage) reach the filter's policies
+//! (`prefix-router`, `prefix-router-cost`) as the filter's default config
+//! gets them: ORCA on the proxy's own responses, at each first token, each
+//! proxy its own, with its own in-flight and pending counts at that moment
+//! (`orca_reports`). Every other reader (GIE's picker, which scrapes) sees
+//! samples taken every `report_interval_s`, visible `report_delay_s` later;
+//! `orca_reports = false` gives the filter's policies those samples too
+//! (a `scrape` at that period). Interval 0 turns the samples off.
 //!
 //! ## Multi-proxy
 //! With `proxies = K`, K independent instances of the policy route requests
@@ -55,6 +61,10 @@ pub struct SimConfig {
     pub report_interval_s: f64,
     /// Extra delay before a sampled report is visible, seconds.
     pub report_delay_s: f64,
+    /// Policies that read ORCA reports (the filter's) get a replica's
+    /// report only with their own responses' first tokens, each proxy its
+    /// own, instead of every sample (`--sampled-reports` turns it off).
+    pub orca_reports: bool,
     /// Load-balance window, seconds.
     pub window_s: f64,
     /// Busy-balance window, seconds (see [`crate::metrics`]).
@@ -74,6 +84,7 @@ impl Default for SimConfig {
             rate_scale: 1.0,
             report_interval_s: 0.05,
             report_delay_s: 0.0,
+            orca_reports: true,
             window_s: 60.0,
             busy_window_s: 5.0,
             output_kv: true,
@@ -128,7 +139,10 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         .map_err(|e| SimError(e.to_string()))?;
     let mut replicas: Vec<Replica> = (0..n).map(|_| Replica::new(cfg.cost.clone())).collect();
     let mut inflight = vec![vec![0u64; n]; k];
+    let mut pending = vec![vec![0u64; n]; k];
     let mut reports: Vec<Option<Snapshot>> = vec![None; n];
+    // `orca_reports`: what each proxy has read on its own responses.
+    let mut orca: Vec<Vec<Option<Snapshot>>> = vec![vec![None; n]; k];
     let mut deliveries: VecDeque<(f64, Vec<Snapshot>)> = VecDeque::new();
     let reports_on = cfg.report_interval_s > 0.0;
     let mut sample_k: u64 = 0;
@@ -205,6 +219,30 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                     } => {
                         col.first_token(req_id as usize, t, cached_tokens);
                         let p = proxy_of.get(req_id as usize).copied().unwrap_or(0) as usize;
+                        if let Some(c) = pending.get_mut(p).and_then(|v| v.get_mut(ri)) {
+                            *c = c.saturating_sub(1);
+                        }
+                        if cfg.orca_reports {
+                            // The ORCA header rides on the response's
+                            // headers: the replica's counts now, and this
+                            // proxy's own requests there now.
+                            let mine = |v: &Vec<Vec<u64>>| {
+                                v.get(p)
+                                    .and_then(|v| v.get(ri))
+                                    .map(|&c| c.min(u64::from(u32::MAX)) as u32)
+                            };
+                            let (own, own_pending) = (mine(&inflight), mine(&pending));
+                            if let Some(slot) = orca.get_mut(p).and_then(|v| v.get_mut(ri)) {
+                                *slot = Some(Snapshot {
+                                    waiting: rep.num_waiting() as u32,
+                                    running: rep.num_running() as u32,
+                                    kv_usage: rep.kv_usage(),
+                                    at: t,
+                                    own,
+                                    own_pending,
+                                });
+                            }
+                        }
                         if let Some(pol) = policies.get_mut(p) {
                             pol.on_first_token_at(req_id, ri, t);
                             if let Some(d) = gossip_delay {
@@ -277,6 +315,8 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                         running: r.num_running() as u32,
                         kv_usage: r.kv_usage(),
                         at,
+                        own: None,
+                        own_pending: None,
                     }
                 })
                 .collect();
@@ -305,10 +345,15 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
             break;
         };
         let own = inflight.get(p).map(|v| v.as_slice()).unwrap_or(&[]);
+        let seen = match orca.get(p) {
+            Some(o) if cfg.orca_reports && pol.reads_orca() => o.as_slice(),
+            _ => reports.as_slice(),
+        };
         let view = View {
             now: t,
             inflight: own,
-            reports: &reports,
+            pending: pending.get(p).map(|v| v.as_slice()).unwrap_or(&[]),
+            reports: seen,
             replicas: &replicas,
         };
         let mut choice = pol.route(&input, &view);
@@ -319,6 +364,9 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         drop(input);
         let h = choice.host;
         if let Some(c) = inflight.get_mut(p).and_then(|v| v.get_mut(h)) {
+            *c += 1;
+        }
+        if let Some(c) = pending.get_mut(p).and_then(|v| v.get_mut(h)) {
             *c += 1;
         }
         if let Some(x) = proxy_of.get_mut(id) {

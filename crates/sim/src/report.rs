@@ -146,6 +146,7 @@ pub fn to_json(rep: &Report) -> Value {
             "seed": c.seed,
             "report_interval_s": c.report_interval_s,
             "report_delay_s": c.report_delay_s,
+            "orca_reports": c.orca_reports,
             "window_s": c.window_s,
             "busy_window_s": c.busy_window_s,
             "output_kv": c.output_kv,

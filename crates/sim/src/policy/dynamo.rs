@@ -395,6 +395,7 @@ mod tests {
             let view = View {
                 now,
                 inflight: &inflight,
+                pending: &[],
                 reports: &[None, None],
                 replicas: &replicas,
             };
@@ -426,6 +427,7 @@ mod tests {
         let view = View {
             now: 0.001,
             inflight: &[0, 0],
+            pending: &[],
             reports: &[None, None],
             replicas: &replicas,
         };
@@ -457,6 +459,7 @@ mod tests {
         let view = View {
             now: 0.0,
             inflight: &[0, 0],
+            pending: &[],
             reports: &[None, None],
             replicas: &replicas,
         };
@@ -478,6 +481,7 @@ mod tests {
         let view = View {
             now: 0.0,
             inflight: &[0, 0],
+            pending: &[],
             reports: &[None, None],
             replicas: &replicas,
         };
@@ -494,6 +498,7 @@ mod tests {
         let view = View {
             now: t0 + 0.001,
             inflight: &[0, 0],
+            pending: &[],
             reports: &[None, None],
             replicas: &replicas,
         };

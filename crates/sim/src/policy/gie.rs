@@ -310,6 +310,7 @@ mod tests {
         let view = View {
             now: 0.0,
             inflight: &[0; 8],
+            pending: &[],
             reports: &reports,
             replicas: &[],
         };

@@ -38,6 +38,12 @@ pub struct Snapshot {
     pub kv_usage: f64,
     /// When the router received it (seconds, virtual clock).
     pub at: f64,
+    /// The receiving proxy's own requests in flight at the replica when
+    /// the replica wrote it (`None`: a sampled report, read as this proxy's
+    /// count at decision time).
+    pub own: Option<u32>,
+    /// The same for its requests without a first token (`None`: as `own`).
+    pub own_pending: Option<u32>,
 }
 
 /// What a policy may look at when routing.
@@ -46,6 +52,9 @@ pub struct View<'a> {
     pub now: f64,
     /// This proxy's own in-flight requests per replica (routed, not done).
     pub inflight: &'a [u64],
+    /// This proxy's own requests per replica without a first token yet
+    /// (the filter: without response headers).
+    pub pending: &'a [u64],
     /// Latest report received from each replica (shared by all proxies;
     /// `None` before the first report or when reports are off).
     pub reports: &'a [Option<Snapshot>],
@@ -122,6 +131,11 @@ pub trait Policy: Send {
     /// Index gossip: a batch another proxy handed out, arriving at `t`
     /// (virtual seconds).
     fn gossip_in(&mut self, _batch: &[u8], _t: f64) {}
+    /// Reads replica reports as the filter does with ORCA: with
+    /// `--orca-reports`, only those on its own responses.
+    fn reads_orca(&self) -> bool {
+        false
+    }
 }
 
 /// Which algorithm.
@@ -405,7 +419,7 @@ impl PolicySpec {
     pub fn sees(&self) -> String {
         match &self.kind {
             Kind::PrefixRouter(_) => {
-                "its own in-flight counts; replica reports (waiting, running) per its `reports` option".into()
+                "its own in-flight and pending (no first token yet) counts; replica reports (waiting, running) per its `reports` option".into()
             }
             Kind::PrefixRouterCost(_) => "its own in-flight counts, pending prefill and learned prefix index (per proxy unless gossip is set); replica reports (waiting, running)".into(),
             Kind::RoundRobin | Kind::Random => "nothing (load-blind, per proxy)".into(),
@@ -444,6 +458,7 @@ pub fn sees_lines<'a>(
     labels: impl IntoIterator<Item = &'a str>,
     report_interval_s: f64,
     report_delay_s: f64,
+    orca: bool,
 ) -> String {
     let mut seen: Vec<&str> = Vec::new();
     let mut out = String::new();
@@ -467,6 +482,11 @@ pub fn sees_lines<'a>(
     } else {
         "no replica reports (--report-interval-ms 0)".to_string()
     };
+    let reports = if orca {
+        format!("{reports}; prefix-router and prefix-router-cost instead read ORCA on their own responses (at each first token, each proxy its own; --sampled-reports: the samples)")
+    } else {
+        reports
+    };
     out.push_str(&format!(
         "{:<10}{reports}\n",
         if out.is_empty() { "sees" } else { "" }
@@ -482,6 +502,7 @@ pub fn sees_header(rep: &crate::report::Report) -> String {
             .flat_map(|r| r.results.iter().map(|x| x.policy.as_str())),
         rep.config.report_interval_s,
         rep.config.report_delay_s,
+        rep.config.orca_reports,
     )
 }
 

@@ -193,6 +193,7 @@ impl PrefixRouter {
 pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports: Reports) {
     for (h, l) in loads.iter_mut().enumerate() {
         l.inflight = view.inflight.get(h).copied().unwrap_or(0);
+        l.pending_requests = view.pending.get(h).copied().unwrap_or(0);
         l.report = match use_reports {
             Reports::Off => None,
             Reports::On | Reports::Waiting | Reports::All => {
@@ -207,9 +208,12 @@ pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports
                     } else {
                         0.0
                     },
-                    // Reports are at most `--report-interval-ms` old: this
-                    // proxy's in-flight count now stands for its count then.
-                    own: l.inflight,
+                    // A sampled report is at most `--report-interval-ms`
+                    // old: this proxy's counts now stand for its counts
+                    // then. An ORCA report (`--orca-reports`) carries its
+                    // own.
+                    own: s.own.map_or(l.inflight, u64::from),
+                    own_pending: s.own_pending.map_or(l.pending_requests, u64::from),
                     at_ms: (s.at * 1000.0).max(0.0) as u64,
                 })
             }

@@ -388,6 +388,9 @@ impl PrefixRouterCost {
 }
 
 impl Policy for PrefixRouterCost {
+    fn reads_orca(&self) -> bool {
+        true
+    }
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
         refresh_loads(&mut self.loads, view, self.use_reports);
         for (l, &t) in self.loads.iter_mut().zip(&self.pending_tokens) {
