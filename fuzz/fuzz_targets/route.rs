@@ -62,10 +62,12 @@ fuzz_target!(|data: &[u8]| {
             let b = load_seed.rotate_left(i as u32 * 2);
             HostLoad {
                 inflight: u64::from(b & 15),
+                pending_requests: u64::from(b & 3),
                 report: (b & 16 != 0).then_some(Report {
                     queue: f64::from(b >> 5),
                     running: f64::from(b & 7),
                     own: 0,
+                    own_pending: u64::from(b & 1),
                     at_ms: now - 500,
                 }),
                 ejected: b == 0xff,
