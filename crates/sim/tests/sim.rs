@@ -572,3 +572,34 @@ fn load_gossip_experiment_runs_and_is_a_no_op_for_one_proxy() {
     let c = simulate(&wl, &shared, &three).expect("run");
     assert_eq!(c.completed, wl.len());
 }
+
+#[test]
+fn the_filter_reads_reports_as_orca_delivers_them_and_gie_reads_the_samples() {
+    // A hot shared preamble at a rate that builds queues: the priced
+    // spill reads queues, so how reports reach it changes its choices.
+    let wl = small_synthetic(
+        "shared-prefix:groups=3,prompts=300,system=2000,question=20,output=200,rate=40",
+    );
+    let base = SimConfig {
+        proxies: 2,
+        ..cfg(4, 16)
+    };
+    let run = |spec: &str, orca: bool, interval: f64| {
+        let c = SimConfig {
+            orca_reports: orca,
+            report_interval_s: interval,
+            ..base.clone()
+        };
+        let r = simulate(&wl, &PolicySpec::parse(spec).expect("spec"), &c).expect("run");
+        (r.ttft.p90, r.hit_rate, r.spill)
+    };
+    // GIE's picker scrapes: the filter's report mode does not reach it.
+    assert_eq!(run("gie", true, 0.05), run("gie", false, 0.05));
+    // The default reads ORCA on its own responses, not the samples...
+    let orca = run("prefix-router", true, 0.05);
+    assert_ne!(orca, run("prefix-router", false, 0.05));
+    // ...which it gets with no sampling at all, unlike with reports off.
+    assert_eq!(orca, run("prefix-router", true, 0.0));
+    assert_ne!(orca, run("prefix-router:reports=off", true, 0.05));
+    assert!(orca.2 > 0, "{orca:?}");
+}

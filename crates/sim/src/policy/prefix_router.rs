@@ -249,6 +249,9 @@ pub(crate) fn round_robin_fallback(rr: &mut usize, hosts: usize) -> Choice {
 }
 
 impl Policy for PrefixRouter {
+    fn reads_orca(&self) -> bool {
+        true
+    }
     fn route(&mut self, input: &RouteInput<'_>, view: &View<'_>) -> Choice {
         refresh_loads(&mut self.loads, view, self.use_reports);
         let mut key = match self.router.key(input.api(), input.body(), None) {
