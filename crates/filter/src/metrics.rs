@@ -40,6 +40,7 @@
 //! | `prefix_router.vm.starts` | VMs of this filter started (`on_vm_start`; an Envoy counter, so it outlives a VM): workers + 2 after startup (Envoy 1.40 starts two VMs outside the workers), one more for each VM Envoy reloads after a failure (`failure_policy: FAIL_RELOAD`) or a config change brings. Alert on an increase without a config change; Envoy's own `wasm.<plugin>.vm_reload` (`envoy_wasm_prefix_router_vm_reload`) counts the reloads alone |
 //! | `prefix_router.hostcalls` / `prefix_router.hostcalls.last` | proxy-wasm host calls the filter made in requests' callbacks (headers to log), summed / gauge, the last finished request's: divide the counter by the requests (`routed.*` + `fallback.*`) for calls per request; it does not grow with the number of hosts |
 //! | `prefix_router.vm.memory_bytes` | gauge, linear memory of this filter's VMs that serve requests (one per worker thread), summed; each VM updates its share when a request finishes |
+//! | `prefix_router.inflight` | gauge, this Envoy's requests the filter routed that have not ended (the fleet record, [`prefix_router_core::host_state::FLEET_KEY`]), set on every VM's tick: 0 when idle; one that stays above 0 with no traffic is a held count (a VM that failed mid-request) |
 
 use prefix_router_core::{Config, Decision, FallbackCause, KeySource};
 use proxy_wasm::types::MetricType;
@@ -74,6 +75,8 @@ pub struct Metrics {
     pub forget_capacity: u32,
     pub forget_flushed: u32,
     pub vm_memory: u32,
+    /// `prefix_router.inflight`.
+    pub inflight: u32,
     pub hostcalls: u32,
     pub hostcalls_last: u32,
     pub prefill_tps: u32,
@@ -214,6 +217,7 @@ impl Metrics {
                 0
             },
             vm_memory: def_gauge("prefix_router.vm.memory_bytes"),
+            inflight: def_gauge("prefix_router.inflight"),
             hostcalls: def("prefix_router.hostcalls"),
             hostcalls_last: def_gauge("prefix_router.hostcalls.last"),
             prefill_tps: if cfg.cost.enabled && cfg.cost.learn_prefill {

@@ -573,6 +573,10 @@ impl RootContext for Root {
             return;
         };
         crate::loads::refresh_others(&st, now);
+        match prefix_router_core::host_state::read_fleet_inflight(&SharedData) {
+            Ok(n) => st.metrics.set(st.metrics.inflight, n),
+            Err(_) => st.metrics.inc(st.metrics.host_errors, 1),
+        }
         if let Ok(l) = crate::abi::log_level() {
             st.log_level.set(Some((l, now)));
         }
