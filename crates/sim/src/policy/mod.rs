@@ -132,7 +132,8 @@ pub trait Policy: Send {
     /// (virtual seconds).
     fn gossip_in(&mut self, _batch: &[u8], _t: f64) {}
     /// Reads replica reports as the filter does with ORCA: with
-    /// `--orca-reports`, only those on its own responses.
+    /// `SimConfig::orca_reports` (the default), only those on its own
+    /// responses.
     fn reads_orca(&self) -> bool {
         false
     }

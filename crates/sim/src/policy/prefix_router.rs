@@ -208,10 +208,10 @@ pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports
                     } else {
                         0.0
                     },
-                    // A sampled report is at most `--report-interval-ms`
-                    // old: this proxy's counts now stand for its counts
-                    // then. An ORCA report (`--orca-reports`) carries its
-                    // own.
+                    // A sampled report (`--sampled-reports`) is at most
+                    // `--report-interval-ms` old: this proxy's counts now
+                    // stand for its counts then. An ORCA report (the
+                    // default) carries its own.
                     own: s.own.map_or(l.inflight, u64::from),
                     own_pending: s.own_pending.map_or(l.pending_requests, u64::from),
                     at_ms: (s.at * 1000.0).max(0.0) as u64,
