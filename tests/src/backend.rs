@@ -19,6 +19,9 @@ pub struct BackendOptions {
     pub time_scale: f64,
     /// `--instant`: answer generations at once (overhead measurements).
     pub instant: bool,
+    /// `--early-stream-head`: a streamed response's head goes out before its
+    /// first token, with no load headers (vLLM's and SGLang's servers).
+    pub early_stream_head: bool,
 }
 
 impl Default for BackendOptions {
@@ -31,6 +34,7 @@ impl Default for BackendOptions {
             decode_ms_per_token: 10.0,
             time_scale: 0.5,
             instant: false,
+            early_stream_head: false,
         }
     }
 }
@@ -84,6 +88,9 @@ impl Backend {
             .arg(opts.decode_ms_per_token.to_string())
             .arg("--time-scale")
             .arg(opts.time_scale.to_string());
+        if opts.early_stream_head {
+            cmd.arg("--early-stream-head");
+        }
         if opts.instant {
             cmd.arg("--instant");
         }

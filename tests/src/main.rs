@@ -236,6 +236,11 @@ struct DemoArgs {
     /// replies (the backends') as without it
     #[arg(long, value_name = "FILE")]
     sharegpt: Option<std::path::PathBuf>,
+    /// Backends send a streamed response's head before its first token and with no load
+    /// headers, as vLLM and SGLang do (`prefix-router-backend --early-stream-head`): with the
+    /// default config the filter then gets no load reports on streams
+    #[arg(long)]
+    early_stream_head: bool,
 }
 
 /// The demo, as its flags ask.
@@ -283,6 +288,7 @@ impl DemoArgs {
                 cache_tokens: self.cache_tokens,
                 time_scale: self.time_scale,
                 max_running: self.max_running,
+                early_stream_head: self.early_stream_head,
                 ..BackendOptions::default()
             },
             filter: self

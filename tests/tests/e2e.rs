@@ -4017,3 +4017,123 @@ fn the_inflight_gauge_shows_open_requests_and_returns_to_0() {
         "prefix_router.inflight after every request ended"
     );
 }
+
+// 43. vLLM and SGLang send a stream's head before its first token (and vLLM no ORCA on streams):
+//     a streamed request stays pending at its replica until its first body byte, so the priced
+//     spill's queue counts it while it prefills (behind replicas that answer like those; the
+//     backends' `--early-stream-head`). The queue shows in the decision header's `wait_ms`.
+#[test]
+#[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
+fn a_stream_is_pending_until_its_first_byte_when_the_head_comes_first() {
+    let _g = serial();
+    require_artifacts(true);
+    // Slow prefill (2,000 tokens/s, real time): a 32 KiB prompt prefills for about 4 s after
+    // its head went out. The scrape gives every replica a fresh (empty) report.
+    let lab = ok(Lab::start(&LabOptions {
+        label: "e2e-early-head".to_string(),
+        backends: 4,
+        backend: BackendOptions {
+            cache_tokens: 65_536,
+            prefill_tokens_per_s: 2000.0,
+            time_scale: 1.0,
+            early_stream_head: true,
+            ..backend_opts()
+        },
+        envoy: Some(EnvoyOptions {
+            mode: EnvoyMode::PrefixRouter,
+            filter: FilterConfig::Patched(json!({
+                "scrape": {"cluster": "llm", "preset": "vllm", "interval_ms": 100, "timeout_ms": 90}
+            })),
+            ..EnvoyOptions::default()
+        }),
+    }));
+    let agent = http::agent(Duration::from_secs(60));
+    let url = ok(lab.envoy()).url("/v1/chat/completions");
+    let small = |i: usize| {
+        vec![
+            json!({"role": "system", "content": format!("Short chat {i}: answer in one line.")}),
+            json!({"role": "user", "content": "Hello?"}),
+        ]
+    };
+    let send = |msgs: &[serde_json::Value]| -> RequestRecord {
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(&agent, &url, &chat_body("sim-llm", msgs, 4), &[], &mut rec);
+        assert!(rec.ok(), "{rec:?}");
+        rec
+    };
+    let owner_wait = |rec: &RequestRecord| -> u64 {
+        let d = rec.decision.as_deref().unwrap_or_default();
+        workload::decision_field(d, "wait_ms")
+            .and_then(|w| w.split('/').next())
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("no wait_ms in the decision header: {d:?}"))
+    };
+    // The idle fleet: each small conversation's owner, and no queue anywhere.
+    std::thread::sleep(Duration::from_millis(400));
+    let owners: Vec<(String, u64)> = (0..24)
+        .map(|i| {
+            let r = send(&small(i));
+            (r.backend.clone().unwrap_or_default(), owner_wait(&r))
+        })
+        .collect();
+    assert!(
+        owners.iter().all(|(_, w)| *w == 0),
+        "a queue in the idle fleet: {owners:?}"
+    );
+    // A 32 KiB prompt; its head comes back at once, its first token after the prefill.
+    let doc: String = (0..450)
+        .map(|l| format!("[early head] line {l}: the quick brown fox jumps over the lazy dog. "))
+        .collect();
+    let big = vec![
+        json!({"role": "system", "content": doc}),
+        json!({"role": "user", "content": "Summarise."}),
+    ];
+    let (url2, agent2) = (url.clone(), agent.clone());
+    let body = chat_body("sim-llm", &big, 4);
+    let t = std::thread::spawn(move || {
+        let mut rec = RequestRecord::default();
+        workload::send_streaming(&agent2, &url2, &body, &[], &mut rec);
+        rec
+    });
+    // Where it prefills: the replica reporting a running request.
+    let mut z = None;
+    for _ in 0..100 {
+        z = lab.backends.iter().find_map(|b| {
+            let m = b.metrics().ok()?;
+            (prom::sum_matching(&m, &["num_requests_running"]) > 0.0).then(|| b.name.clone())
+        });
+        if z.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let z = z.expect("the large request reached a replica");
+    // Scrapes taken while it prefills: none shows it waiting (it runs).
+    std::thread::sleep(Duration::from_millis(400));
+    let mine: Vec<usize> = (0..owners.len()).filter(|&i| owners[i].0 == z).collect();
+    assert!(
+        !mine.is_empty(),
+        "no small conversation owned by {z}: {owners:?}"
+    );
+    let during = send(&small(mine[0]));
+    let big_rec = t
+        .join()
+        .unwrap_or_else(|_| panic!("the large request's thread panicked"));
+    assert!(big_rec.ok(), "{big_rec:?}");
+    assert!(
+        big_rec.ttft.is_some_and(|t| t >= Duration::from_secs(2)),
+        "the large prompt's first token came early: {big_rec:?}"
+    );
+    // The owner's queue while the large request prefilled: this Envoy's pending request
+    // (`cost.service_s` 0.05 s each), though its head had come.
+    let w = owner_wait(&during);
+    assert!(
+        w >= 40,
+        "{z}'s queue while a request of this Envoy prefilled there: wait_ms {w} ({:?})",
+        during.decision
+    );
+    // Released at its first byte: the queue is empty again.
+    std::thread::sleep(Duration::from_millis(300));
+    let after = send(&small(mine[0]));
+    assert_eq!(owner_wait(&after), 0, "{:?}", after.decision);
+}

@@ -25,6 +25,12 @@ pub struct Config {
     /// Answer generation requests at once with a fixed tiny completion,
     /// bypassing the replica model (for measuring proxy overhead only).
     pub instant: bool,
+    /// Streamed responses send their head as soon as the request is taken,
+    /// without load headers, as vLLM and SGLang do (their OpenAI servers
+    /// return the SSE response before the first token, and vLLM attaches
+    /// ORCA only to non-streamed responses). Off: the head comes with the
+    /// first token and carries the load then.
+    pub early_stream_head: bool,
 }
 
 impl Default for Config {
@@ -37,6 +43,7 @@ impl Default for Config {
             time_scale: 1.0,
             max_model_len: 131_072,
             instant: false,
+            early_stream_head: false,
         }
     }
 }
@@ -136,6 +143,11 @@ pub struct Args {
     /// model (proxy overhead measurements only)
     #[arg(long)]
     pub instant: bool,
+    /// Streamed responses: send the head at once, with no load headers (no
+    /// ORCA, x-queue-depth or x-cached-tokens), as vLLM and SGLang do;
+    /// default: the head comes with the first token and carries the load
+    #[arg(long)]
+    pub early_stream_head: bool,
 }
 
 impl Args {
@@ -159,6 +171,7 @@ impl Args {
             time_scale: self.time_scale,
             max_model_len: self.max_model_len,
             instant: self.instant,
+            early_stream_head: self.early_stream_head,
         }
     }
 }

@@ -31,7 +31,11 @@
 //! ```
 //!
 //! Load values are read when the response head is sent: at the first token
-//! for streams, at completion otherwise. The reported waiting count
+//! for streams, at completion otherwise. With `--early-stream-head` a
+//! stream's head goes out at once with none of the load headers nor
+//! `x-cached-tokens`, as vLLM's and SGLang's servers send it (their SSE
+//! response starts before the engine has the request; vLLM attaches ORCA
+//! only to non-streamed responses). The reported waiting count
 //! (`x-queue-depth`, ORCA, `/metrics`) is the real one plus the
 //! `extra_waiting` set by `POST /admin/queue`, and the reported running
 //! count (ORCA, `/metrics`) the real one plus its `extra_running` (test
@@ -693,6 +697,10 @@ impl Shared {
             )
         };
 
+        if g.stream && self.cfg.early_stream_head {
+            return self.stream_early(&g, id, rid, created, prompt_tokens, rx);
+        }
+
         // Wait for the first token. (If the client goes away meanwhile, hyper
         // drops this future and with it `rx`: the scheduler then finds the
         // request gone at its first token and aborts it.)
@@ -741,6 +749,64 @@ impl Shared {
         let shared = Arc::clone(self);
         tokio::spawn(async move {
             if stream.pace(&shared, rx, body_tx).await.is_err() {
+                shared.abort(id);
+            }
+        });
+        http::response(200, &h, body.boxed())
+    }
+}
+
+impl Shared {
+    /// A streamed generation whose head goes out now, before its first
+    /// token, with no load headers (`--early-stream-head`: what vLLM and
+    /// SGLang do). A task waits for the first token, then writes and paces
+    /// the chunks as [`Shared::generate`] does; a client gone by then is
+    /// found at that first write and the request aborted.
+    fn stream_early(
+        self: &Arc<Self>,
+        g: &GenRequest,
+        id: ReqId,
+        rid: String,
+        created: u64,
+        prompt_tokens: u64,
+        mut rx: UnboundedReceiver<Event>,
+    ) -> Reply {
+        let h: Headers = vec![
+            ("content-type".into(), "text/event-stream".into()),
+            ("x-backend-name".into(), self.cfg.name.clone()),
+            ("cache-control".into(), "no-cache".into()),
+        ];
+        let (mut body_tx, body) = Channel::<Bytes, Infallible>::new(STREAM_BUFFER);
+        let shared = Arc::clone(self);
+        let (api, max_tokens, include_usage) = (g.api, g.max_tokens, g.include_usage);
+        tokio::spawn(async move {
+            let cached = loop {
+                match rx.recv().await {
+                    Some(Event::FirstToken { cached_tokens, .. }) => break cached_tokens,
+                    Some(Event::Done { .. }) => continue,
+                    // Dropped by the scheduler: end the stream short.
+                    None => return,
+                }
+            };
+            let running = {
+                let st = shared.lock();
+                shared.load(&st).running
+            };
+            let step = shared.cfg.cost.decode_step_time(running as usize) * shared.cfg.time_scale;
+            let step = Duration::try_from_secs_f64(step.max(0.0)).unwrap_or(Duration::ZERO);
+            let stream = SseStream {
+                api,
+                rid,
+                created,
+                max_tokens,
+                include_usage,
+                usage: openai::usage(prompt_tokens, max_tokens, cached),
+                step,
+            };
+            let first = Bytes::from(stream.first(&shared.cfg.model));
+            if body_tx.send_data(first).await.is_err()
+                || stream.pace(&shared, rx, body_tx).await.is_err()
+            {
                 shared.abort(id);
             }
         });

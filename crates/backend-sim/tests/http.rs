@@ -270,6 +270,60 @@ fn streams_sse_with_chunked_transfer_then_keeps_the_connection() {
 }
 
 #[test]
+fn early_stream_head_comes_before_the_first_token_without_load_headers() {
+    // A long prompt at a slow prefill: about 1.5 s of prefill, real time.
+    let addr = start(Config {
+        time_scale: 1.0,
+        early_stream_head: true,
+        cost: prefix_router_replica::cost::CostModel {
+            prefill_tokens_per_s: 2000.0,
+            ..Default::default()
+        },
+        ..Config::default()
+    });
+    let body = serde_json::json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "lorem ipsum ".repeat(1000)}],
+        "max_tokens": 3,
+        "stream": true,
+    })
+    .to_string();
+    let (mut w, mut r) = connect(addr);
+    let t0 = std::time::Instant::now();
+    w.write_all(&post(
+        "/v1/chat/completions",
+        "endpoint-load-metrics-format: TEXT\r\n",
+        &body,
+    ))
+    .unwrap();
+    // The status line and headers, as vLLM sends them: at once, no load headers.
+    let status = line(&mut r);
+    let head_at = t0.elapsed();
+    assert!(status.starts_with(b"HTTP/1.1 200"), "{status:?}");
+    let mut names = Vec::new();
+    loop {
+        let l = line(&mut r);
+        if l.is_empty() {
+            break;
+        }
+        let l = String::from_utf8(l).unwrap().to_ascii_lowercase();
+        names.push(l.split(':').next().unwrap().to_string());
+    }
+    for n in ["endpoint-load-metrics", "x-queue-depth", "x-cached-tokens"] {
+        assert!(!names.iter().any(|h| h == n), "{n} in {names:?}");
+    }
+    assert!(names.iter().any(|h| h == "x-backend-name"), "{names:?}");
+    // The first chunk: after the prefill.
+    let size = line(&mut r);
+    let first_at = t0.elapsed();
+    assert!(!size.is_empty());
+    assert!(
+        head_at < Duration::from_millis(500) && first_at >= Duration::from_secs(1),
+        "head at {head_at:?}, first token at {first_at:?}"
+    );
+}
+
+#[test]
 fn http10_gets_a_close_delimited_stream() {
     let addr = fast();
     let (mut w, mut r) = connect(addr);

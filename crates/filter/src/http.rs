@@ -14,7 +14,12 @@
 //! 3. Response headers: read the replica's load report (ORCA or plain
 //!    header) for the host that actually served (`upstream.address`); add the
 //!    decision header if configured.
-//! 4. Log / done: the in-flight count is released exactly once (at log in
+//! 4. The first response body byte (the head, if the response has no body):
+//!    the request stops being pending at its host (unless its report took it
+//!    off) and the index rule takes its prefill-rate sample. vLLM and SGLang
+//!    send a stream's head before its first token; the first body byte is
+//!    that token. Later body chunks cost one comparison.
+//! 5. Log / done: the in-flight count is released exactly once (at log in
 //!    the same update of the host's record as its passive-health outcome
 //!    when the host that served holds it); passive
 //!    health records the request's outcome at the host of its last try, and
@@ -28,9 +33,9 @@
 //! tokens, its prompt minus the prefix the index credited the chosen host
 //! with, are added to that host's, in the same update as its in-flight
 //! count); step 3 records the chain under the host that
-//! actually served (2xx only) and releases the pending tokens (in the same
-//! update as the load report when that host reported; also
-//! released at log / done if no response headers came, exactly once).
+//! actually served (2xx only) and releases the pending tokens in the same
+//! update as the load report when that host reported, else step 4 does
+//! (or log / done if no response byte came; exactly once).
 //! A host that passive health ejects has its index entries forgotten.
 //!
 //! Host calls are kept few: the clock is read at most once per callback,
@@ -46,6 +51,7 @@
 
 use std::rc::Rc;
 
+use prefix_router_core::config::CostMode;
 use prefix_router_core::cost::{self, QueueMode};
 use prefix_router_core::extract::Api;
 use prefix_router_core::health;
@@ -90,14 +96,20 @@ pub struct Http {
     /// Cost rule: the canonical prompt's length in bytes.
     prompt_bytes: u64,
     /// Cost rule: the address and what this request holds there until its
-    /// response headers ([`host_state::Pending`]): one pending request (the
-    /// priced spill's own part of a queue, [`load::HostLoad::fresh_queue`])
-    /// and, with the index rule's `queue = tokens`, its prompt tokens.
+    /// first response byte ([`host_state::Pending`]): one pending request
+    /// (the priced spill's own part of a queue,
+    /// [`load::HostLoad::fresh_queue`]) and, with the index rule's `queue =
+    /// tokens`, its prompt tokens.
     pending: Option<(String, host_state::Pending)>,
     /// The index rule's prefill learning: (chosen host, uncached tokens, routing time,
     /// work known ahead of it there) for the prefill-rate sample taken at
-    /// the response headers.
+    /// the first response byte.
     learn: Option<(usize, u64, u64, u64)>,
+    /// The response's head has come and its first body byte not yet: the
+    /// first byte ([`Http::first_byte`]) is still to be marked. vLLM and
+    /// SGLang send a stream's head before its first token, so the head
+    /// does not mark it.
+    awaiting_body: bool,
     /// This request is a gossip batch from a peer (`gossip.accept`): the
     /// filter answers it and never forwards it.
     gossip_rx: bool,
@@ -133,6 +145,7 @@ impl Http {
             prompt_bytes: 0,
             pending: None,
             learn: None,
+            awaiting_body: false,
             gossip_rx: false,
             retry_checked: false,
             failover: String::new(),
@@ -350,8 +363,10 @@ impl Http {
         // From the decision's reads of the host's record and the fleet
         // record: written with their CAS tokens, re-read only if they changed.
         let (host_snap, fleet_snap) = (loads.take_snapshot(idx), loads.take_fleet_snapshot());
+        // One pending request for the priced spill's queue (the default)
+        // and the index rule; the plain ring reads no queue.
         let held = host_state::Pending {
-            requests: u64::from(cfg.cost.enabled),
+            requests: u64::from(cfg.cost.mode != CostMode::Off),
             tokens: pending,
         };
         match host_state::add_inflight_with(
@@ -651,14 +666,15 @@ impl Http {
 
     /// Cost rule: record this request's chain under the host that served
     /// it (2xx responses only; at most once).
-    /// The index rule: a streamed 2xx response from the chosen host
-    /// whose request had no work ahead of it is a prefill-rate sample (its
-    /// headers come with the first token).
-    fn learn_prefill(&mut self) {
-        let Some((idx, uncached, start, ahead)) = self.learn.take() else {
+    /// The index rule, at the response headers: keep the prefill-rate
+    /// sample ([`Http::learn`]) only for a streamed 2xx response from the
+    /// chosen host; [`Http::learn_prefill`] takes it at the first byte.
+    fn keep_prefill_sample(&mut self) {
+        let Some((idx, ..)) = self.learn else {
             return;
         };
         if self.served_host().map(|(_, i)| i) != Some(idx) {
+            self.learn = None;
             return;
         }
         let streamed = matches!(
@@ -670,8 +686,17 @@ impl Http {
             Ok(Some(v)) if v.trim().parse::<u16>().is_ok_and(|c| (200..300).contains(&c))
         );
         if !streamed || !ok {
-            return;
+            self.learn = None;
         }
+    }
+
+    /// The index rule, at the first response byte (a stream's first
+    /// token): a request that had no work ahead of it is a prefill-rate
+    /// sample.
+    fn learn_prefill(&mut self) {
+        let Some((_, uncached, start, ahead)) = self.learn.take() else {
+            return;
+        };
         let Some(now) = self.now() else { return };
         let sample = cost::PrefillSample {
             uncached_tokens: uncached,
@@ -794,7 +819,7 @@ impl Http {
     }
 
     /// Release what this request holds at its host ([`Http::pending`]):
-    /// at its response headers (when no report took it off with the
+    /// at its first response byte (when no report took it off with the
     /// report) or at its end, whichever comes first.
     fn release_pending(&mut self) {
         if let Some((addr, held)) = self.pending.take() {
@@ -925,13 +950,18 @@ impl Http {
         }
     }
 
-    fn response_headers(&mut self) -> Action {
+    fn response_headers(&mut self, end_of_stream: bool) -> Action {
         self.record_health(false);
-        self.learn_prefill();
-        // Releases the pending prefill tokens with the report when the
-        // host that served holds them; `release_pending` does any other.
+        self.keep_prefill_sample();
+        // Releases what this request holds pending with the report, when
+        // the host that served holds it: a report taken now counts this
+        // request as it is now.
         self.read_report();
-        self.release_pending();
+        if end_of_stream {
+            self.first_byte();
+        } else {
+            self.awaiting_body = true;
+        }
         self.observe_index();
         if let (Some(h), Some(d)) = (&self.st.router.config().decision_header, &self.decision) {
             let mut v = d.describe(self.st.router.config());
@@ -942,6 +972,22 @@ impl Http {
             if let Err(e) = host::add_response_header(h, &v) {
                 self.host_error("adding the decision header", e);
             }
+        }
+        Action::Continue
+    }
+
+    /// The first byte of the response's body (or its head, when it has no
+    /// body): a stream's first token. The request stops being pending at its
+    /// host, and the index rule takes its prefill-rate sample.
+    fn first_byte(&mut self) {
+        self.awaiting_body = false;
+        self.learn_prefill();
+        self.release_pending();
+    }
+
+    fn response_body(&mut self) -> Action {
+        if self.awaiting_body {
+            self.first_byte();
         }
         Action::Continue
     }
@@ -1008,8 +1054,15 @@ impl HttpContext for Http {
         self.counted(Http::request_trailers)
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        self.counted(Http::response_headers)
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.counted(|h| h.response_headers(end_of_stream))
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, _end_of_stream: bool) -> Action {
+        if !self.awaiting_body {
+            return Action::Continue;
+        }
+        self.counted(Http::response_body)
     }
 
     fn on_log(&mut self) {
