@@ -1957,7 +1957,8 @@ fn reported_running_requests_count_in_the_bound() {
 // 20. The index rule learns the prefill rate online: configured 4x too fast (64,000 tok/s),
 //     the filter learns what the backends really do (8,000 tok/s at time scale 0.5 = 16,000
 //     tok/s, plus each response's fixed costs) from the time to first byte of streamed
-//     requests that had nothing ahead of them, and exports it as a gauge. The spill rule
+//     requests that had nothing ahead of them, and exports it as a gauge; also behind backends
+//     that send a stream's head before its first token (vLLM, SGLang). The spill rule
 //     (the default) learns nothing.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
@@ -1965,14 +1966,23 @@ fn prefill_rate_is_learned_from_streamed_responses() {
     let _g = serial();
     let opts = backend_opts();
     let real = opts.prefill_tokens_per_s / opts.time_scale;
-    let run = |label: &str, mode: &str| -> Option<f64> {
-        let lab = lab(
-            label,
-            EnvoyMode::PrefixRouter,
-            FilterConfig::Patched(json!({
-                "cost": {"mode": mode, "prefill_tokens_per_s": 64000.0}
-            })),
-        );
+    let run = |label: &str, mode: &str, early_stream_head: bool| -> Option<f64> {
+        require_artifacts(true);
+        let lab = ok(Lab::start(&LabOptions {
+            label: label.to_string(),
+            backends: 4,
+            backend: BackendOptions {
+                early_stream_head,
+                ..backend_opts()
+            },
+            envoy: Some(EnvoyOptions {
+                mode: EnvoyMode::PrefixRouter,
+                filter: FilterConfig::Patched(json!({
+                    "cost": {"mode": mode, "prefill_tokens_per_s": 64000.0}
+                })),
+                ..EnvoyOptions::default()
+            }),
+        }));
         let agent = http::agent(Duration::from_secs(30));
         // 24 new conversations one at a time, each with an ~8 KB document (~2,000 uncached
         // tokens, nothing ahead of it).
@@ -1988,13 +1998,20 @@ fn prefill_rate_is_learned_from_streamed_responses() {
             .first()
             .map(|s| s.value)
     };
-    let learned = run("e2e-learn", "index").expect("no prefix_router_cost_prefill_tps gauge");
-    eprintln!("configured 64000 tok/s, backends {real} tok/s, learned {learned:.0} tok/s");
-    assert!(
-        learned > real * 0.5 && learned < real * 1.25,
-        "learned {learned:.0} tok/s, backends do {real:.0} tok/s (configured 64000)"
-    );
-    let off = run("e2e-learn-spill", "spill");
+    // Backends that send a stream's head with its first token, and backends that send it
+    // before (vLLM, SGLang): the sample is timed to the first body byte either way.
+    for early in [false, true] {
+        let learned =
+            run("e2e-learn", "index", early).expect("no prefix_router_cost_prefill_tps gauge");
+        eprintln!(
+            "early head {early}: configured 64000 tok/s, backends {real} tok/s, learned {learned:.0} tok/s"
+        );
+        assert!(
+            learned > real * 0.5 && learned < real * 1.25,
+            "early head {early}: learned {learned:.0} tok/s, backends do {real:.0} tok/s (configured 64000)"
+        );
+    }
+    let off = run("e2e-learn-spill", "spill", false);
     assert!(
         off.is_none_or(|v| v == 0.0),
         "a rate was learned by the spill rule: {off:?}"
