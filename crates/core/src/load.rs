@@ -116,10 +116,10 @@ impl Freshness {
 pub struct HostLoad {
     /// Requests routed by this proxy and not yet finished.
     pub inflight: u64,
-    /// Requests routed by this proxy that have no response headers yet:
-    /// waiting at the replica or in their prefill (with ORCA, the
-    /// replica's counts arrive on those headers). 0 when the caller does
-    /// not track it.
+    /// Requests routed by this proxy with no response byte yet: waiting
+    /// at the replica or in their prefill (a stream's first byte is its
+    /// first token; vLLM and SGLang send a stream's head before it). 0
+    /// when the caller does not track it.
     pub pending_requests: u64,
     /// Last report, if any.
     pub report: Option<Report>,
@@ -153,9 +153,9 @@ impl HostLoad {
         }
     }
 
-    /// The priced spill's `q` ([`crate::spill`]); `None` without a fresh
-    /// report. The report's waiting requests beyond this proxy's pending
-    /// ones at the time, weighted by the report's age
+    /// The priced spill's `q` for a first turn ([`crate::spill`]); `None`
+    /// without a fresh report. The report's waiting requests beyond this
+    /// proxy's pending ones at the time, weighted by the report's age
     /// ([`Freshness::weight`]), plus this proxy's pending requests now:
     /// its own part of the queue is known live, only the rest must come
     /// from the report. With ORCA a proxy hears from a replica only on its
@@ -165,12 +165,34 @@ impl HostLoad {
     /// the faded report alone gives TTFT p90 0.84x (tune half) and 0.91x
     /// (check half), docs/design.md.
     pub fn fresh_queue(&self, now_ms: u64, f: Freshness) -> Option<f64> {
+        let pending = self.pending_requests as f64;
+        self.fresh_report_queue(now_ms, f, true)
+            .map(|others| others + pending)
+    }
+
+    /// The replica's own fresh report of its queue, weighted by the
+    /// report's age ([`Freshness::weight`]); `None` without a fresh report.
+    /// What the priced spill weighs for a later turn: every proxy that
+    /// heard the same report weighs the same queue, so nothing only this
+    /// proxy knows moves a conversation (its own pending requests are in
+    /// the report as the replica counted them).
+    pub fn reported_queue(&self, now_ms: u64, f: Freshness) -> Option<f64> {
+        self.fresh_report_queue(now_ms, f, false)
+    }
+
+    /// The fresh report's waiting requests (beyond this proxy's pending
+    /// ones at the time when `beyond_own`), weighted by the report's age.
+    fn fresh_report_queue(&self, now_ms: u64, f: Freshness, beyond_own: bool) -> Option<f64> {
         let r = self.report?;
         let age = now_ms.saturating_sub(r.at_ms);
         (age <= f.ttl_ms && r.queue.is_finite()).then(|| {
-            // `as` saturates; counts of requests are far below 2^53.
-            let others = (r.queue.max(0.0) - r.own_pending as f64).max(0.0);
-            others * f.weight(age) + self.pending_requests as f64
+            // `as` is exact: counts of requests are far below 2^53.
+            let own = if beyond_own {
+                r.own_pending as f64
+            } else {
+                0.0
+            };
+            (r.queue.max(0.0) - own).max(0.0) * f.weight(age)
         })
     }
 
@@ -460,6 +482,12 @@ mod tests {
         assert_eq!(l.fresh_queue(2_000, f), Some(2.5));
         // Faded out: this proxy's own part still counts.
         assert_eq!(l.fresh_queue(3_000, f), Some(1.0));
+        // The report alone (a later turn's queue): the replica's 5, this
+        // proxy's included as it counted them, faded alike.
+        assert_eq!(l.reported_queue(1_000, f), Some(5.0));
+        assert_eq!(l.reported_queue(2_000, f), Some(2.5));
+        assert_eq!(l.reported_queue(3_000, f), Some(0.0));
+        assert_eq!(l.reported_queue(11_001, f), None);
         // Past the TTL: no fresh report (as before).
         assert_eq!(l.fresh_queue(11_001, f), None);
         // More pending at the report than waiting (some were prefilling):

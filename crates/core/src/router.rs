@@ -745,22 +745,32 @@ impl Router {
     /// The priced spill ([`crate::spill`]).
     fn place_spill(&self, key: Key, v: &View<'_>) -> Option<Decision> {
         let fresh = self.cfg.load.freshness();
+        // A later turn: a session or user key, or a conversation key whose
+        // prompt goes on past the first user message.
+        let first_turn = key.source == KeySource::Prompt
+            && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
+        // A first turn weighs this proxy's own part of a queue live; a
+        // later turn only the replica's report, which every proxy that
+        // heard it weighs alike.
+        let queue = |h: usize| {
+            let l = v.load(h);
+            if first_turn {
+                l.fresh_queue(v.now_ms, fresh)
+            } else {
+                l.reported_queue(v.now_ms, fresh)
+            }
+        };
         let hosts = crate::spill::Hosts {
             total: v.total(),
             load: &|h| v.effective(h),
-            queue: &|h| v.load(h).fresh_queue(v.now_ms, fresh),
+            queue: &queue,
             eligible: &|h| v.eligible(h),
         };
         let p = &self.cfg.cost.params;
         // Every proxy presumes the first candidate holds the prompt, or
         // will after this request (a conversation's next turn comes back
         // to it): leaving costs re-prefilling it.
-        let held_bytes = key.prompt_bytes;
-        // A later turn: a session or user key, or a conversation key whose
-        // prompt goes on past the first user message.
-        let first_turn = key.source == KeySource::Prompt
-            && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
-        let held_s = held_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s;
+        let held_s = key.prompt_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s;
         let x = crate::spill::Rule {
             held_s,
             service_s: p.service_s,
@@ -1090,6 +1100,65 @@ mod tests {
         cfg.cost.index.stride_chunks = 1;
         cfg.cost.shared.stride_bytes = cfg.cost.index.stride_bytes();
         Router::new(cfg)
+    }
+
+    #[test]
+    fn a_later_turn_weighs_the_replicas_report_not_this_proxys_pending_requests() {
+        // The owner is over its bound with 20 requests of this proxy in
+        // flight, all still pending; every replica's fresh report shows an
+        // empty queue (they were all prefilling when it was taken).
+        let r = router(4);
+        let idle = vec![HostLoad::default(); 4];
+        let host = |d: Decision| match d {
+            Decision::Routed { host, .. } => host,
+            d => panic!("{d:?}"),
+        };
+        let o = host(decide(
+            &r,
+            Api::ChatCompletions,
+            chat("hi", 1).as_bytes(),
+            None,
+            &idle,
+            0,
+        ));
+        let report = |own: u64| {
+            Some(crate::load::Report {
+                queue: 0.0,
+                running: own as f64,
+                own,
+                own_pending: own,
+                at_ms: 1_000,
+            })
+        };
+        let mut loads = vec![
+            HostLoad {
+                report: report(0),
+                ..HostLoad::default()
+            };
+            4
+        ];
+        loads[o] = HostLoad {
+            inflight: 20,
+            pending_requests: 20,
+            report: report(20),
+            ..HostLoad::default()
+        };
+        let at = |turns: usize| {
+            host(decide(
+                &r,
+                Api::ChatCompletions,
+                chat("hi", turns).as_bytes(),
+                None,
+                &loads,
+                1_000,
+            ))
+        };
+        // A first turn weighs this proxy's 20 pending there and leaves.
+        assert_ne!(at(1), o);
+        // A later turn weighs the report, which every proxy that heard it
+        // weighs alike: no queue, it stays.
+        assert_eq!(at(2), o);
+        assert_eq!(at(5), o);
     }
 
     #[test]
