@@ -3884,7 +3884,9 @@ fn host_calls_per_request_are_the_same_at_4_64_and_1024_hosts() {
     // report less than 20 ms ago does not ask (`REPORT_EVERY_MS`), and one
     // whose host reported less than 20 ms ago does not read the report: 5
     // calls fewer (the ORCA format header, the ORCA header, the report's
-    // read and write, a counter).
+    // read and write, a counter), but 2 more to release its pending count
+    // at its first byte (a record's read and write), which the report's
+    // write does otherwise: 3 fewer.
     let gap = prefix_router_lab::hostcalls::measure(&[4], 6, &json!({}), 25)
         .unwrap_or_else(|e| panic!("{e}"));
     let burst = prefix_router_lab::hostcalls::measure(&[4], 6, &json!({}), 0)
@@ -3895,7 +3897,7 @@ fn host_calls_per_request_are_the_same_at_4_64_and_1024_hosts() {
         prefix_router_lab::hostcalls::table(&burst)
     );
     match (gap.first(), burst.first()) {
-        (Some(g), Some(b)) => assert_eq!(b.last + 5, g.last, "{gap:?} {burst:?}"),
+        (Some(g), Some(b)) => assert_eq!(b.last + 3, g.last, "{gap:?} {burst:?}"),
         _ => panic!("no rows: {gap:?} {burst:?}"),
     }
 }
