@@ -664,8 +664,6 @@ impl Http {
         }
     }
 
-    /// Cost rule: record this request's chain under the host that served
-    /// it (2xx responses only; at most once).
     /// The index rule, at the response headers: keep the prefill-rate
     /// sample ([`Http::learn`]) only for a streamed 2xx response from the
     /// chosen host; [`Http::learn_prefill`] takes it at the first byte.
@@ -725,6 +723,8 @@ impl Http {
         }
     }
 
+    /// Cost rule: record this request's chain under the host that served
+    /// it (2xx responses only; at most once).
     fn observe_index(&mut self) {
         if self.chain.is_empty() {
             return;
