@@ -31,7 +31,7 @@
 //! | 48..56 | health: ejected until, ms (u64) |
 //! | 56..64 | pending prefill tokens (u64) |
 //! | 64 | flags: bit 0 = a report is present |
-//! | 65..73 | pending requests: routed, no response headers yet (u64) |
+//! | 65..73 | pending requests: routed, no response byte yet (u64) |
 //! | 73..81 | report: own pending requests at the report (u64) |
 //!
 //! A value of any other length (absent, cleared, garbage) reads as an idle,
@@ -64,7 +64,7 @@ pub struct HostRecord {
     pub health: HealthState,
     /// The index rule's pending prefill tokens (`cost.queue = tokens`).
     pub pending_tokens: u64,
-    /// Requests this proxy routed there that have no response headers yet
+    /// Requests this proxy routed there that have no response byte yet
     /// ([`HostLoad::pending_requests`]).
     pub pending_requests: u64,
 }
@@ -377,8 +377,8 @@ pub fn read_inflight<S: SharedStore + ?Sized>(store: &S, address: &str) -> Resul
     Ok(read(store, address)?.inflight)
 }
 
-/// What one request holds at the host it was routed to until its
-/// response headers: one pending request, and the index rule's pending
+/// What one request holds at the host it was routed to until its first
+/// response byte: one pending request, and the index rule's pending
 /// prefill tokens (0 unless `cost.queue = tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Pending {

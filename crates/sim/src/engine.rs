@@ -14,7 +14,7 @@
 //! Each router instance ("proxy") counts its own in-flight requests per
 //! replica, updated immediately (as the filter's shared-data counters are).
 //! Each also counts its requests per replica that have no first token yet
-//! (the filter: no response headers yet).
+//! (the filter: no response byte yet).
 //! Replica reports (waiting, running, KV usage) reach the filter's policies
 //! (`prefix-router`, `prefix-router-cost`) as the filter's default config
 //! gets them: ORCA on the proxy's own responses, at each first token, each

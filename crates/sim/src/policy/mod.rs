@@ -53,7 +53,7 @@ pub struct View<'a> {
     /// This proxy's own in-flight requests per replica (routed, not done).
     pub inflight: &'a [u64],
     /// This proxy's own requests per replica without a first token yet
-    /// (the filter: without response headers).
+    /// (the filter: without a response byte).
     pub pending: &'a [u64],
     /// Latest report received from each replica (shared by all proxies;
     /// `None` before the first report or when reports are off).
