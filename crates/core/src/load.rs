@@ -165,9 +165,9 @@ impl HostLoad {
     /// the faded report alone gives TTFT p90 0.84x (tune half) and 0.91x
     /// (check half), docs/design.md.
     pub fn fresh_queue(&self, now_ms: u64, f: Freshness) -> Option<f64> {
-        let pending = self.pending_requests as f64;
-        self.fresh_report_queue(now_ms, f, true)
-            .map(|others| others + pending)
+        let r = self.report?;
+        self.faded_waiting(now_ms, f, r.own_pending)
+            .map(|others| others + self.pending_requests as f64)
     }
 
     /// The replica's own fresh report of its queue, weighted by the
@@ -177,23 +177,17 @@ impl HostLoad {
     /// proxy knows moves a conversation (its own pending requests are in
     /// the report as the replica counted them).
     pub fn reported_queue(&self, now_ms: u64, f: Freshness) -> Option<f64> {
-        self.fresh_report_queue(now_ms, f, false)
+        self.faded_waiting(now_ms, f, 0)
     }
 
-    /// The fresh report's waiting requests (beyond this proxy's pending
-    /// ones at the time when `beyond_own`), weighted by the report's age.
-    fn fresh_report_queue(&self, now_ms: u64, f: Freshness, beyond_own: bool) -> Option<f64> {
+    /// The fresh report's waiting requests beyond `less` of them, weighted
+    /// by the report's age; `None` without a fresh report.
+    fn faded_waiting(&self, now_ms: u64, f: Freshness, less: u64) -> Option<f64> {
         let r = self.report?;
         let age = now_ms.saturating_sub(r.at_ms);
-        (age <= f.ttl_ms && r.queue.is_finite()).then(|| {
-            // `as` is exact: counts of requests are far below 2^53.
-            let own = if beyond_own {
-                r.own_pending as f64
-            } else {
-                0.0
-            };
-            (r.queue.max(0.0) - own).max(0.0) * f.weight(age)
-        })
+        // `as` is exact: counts of requests are far below 2^53.
+        (age <= f.ttl_ms && r.queue.is_finite())
+            .then(|| (r.queue.max(0.0) - less as f64).max(0.0) * f.weight(age))
     }
 
     /// Requests in the replica that are someone else's (other proxies,

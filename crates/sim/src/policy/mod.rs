@@ -55,8 +55,9 @@ pub struct View<'a> {
     /// This proxy's own requests per replica without a first token yet
     /// (the filter: without a response byte).
     pub pending: &'a [u64],
-    /// Latest report received from each replica (shared by all proxies;
-    /// `None` before the first report or when reports are off).
+    /// Latest report this proxy has from each replica (the samples, shared
+    /// by all proxies, or with ORCA its own responses' reports; `None`
+    /// before the first report or when reports are off).
     pub reports: &'a [Option<Snapshot>],
     /// The replicas, for KV-event-driven routers (Dynamo) that track the
     /// real cache contents: only read the cache, as KV events would.
