@@ -22,7 +22,9 @@
 //! (`orca_reports`). Every other reader (GIE's picker, which scrapes) sees
 //! samples taken every `report_interval_s`, visible `report_delay_s` later;
 //! `orca_reports = false` gives the filter's policies those samples too
-//! (a `scrape` at that period). Interval 0 turns the samples off.
+//! (a `scrape` at that period), each proxy's copy with its own in-flight
+//! and pending counts as of the sample's arrival, as the filter records
+//! them. Interval 0 turns the samples off.
 //!
 //! ## Multi-proxy
 //! With `proxies = K`, K independent instances of the policy route requests
@@ -107,6 +109,40 @@ impl std::error::Error for SimError {}
 fn tbits(t: f64) -> u64 {
     // Times are finite and >= 0: their bit patterns sort like the numbers.
     t.max(0.0).to_bits()
+}
+
+/// Make sampled reports visible: to every policy as they are, and to the
+/// filter's policies (`--sampled-reports`) each proxy's copy with its own
+/// in-flight and pending counts at the replica as of now, as the filter's
+/// scrape records them when the sample arrives
+/// ([`prefix_router_core::host_state::record_report`]).
+fn publish(
+    snaps: Vec<Snapshot>,
+    reports: &mut [Option<Snapshot>],
+    orca: &mut [Vec<Option<Snapshot>>],
+    inflight: &[Vec<u64>],
+    pending: &[Vec<u64>],
+    cfg: &SimConfig,
+) {
+    if !cfg.orca_reports {
+        let count = |v: &[Vec<u64>], p: usize, h: usize| {
+            v.get(p)
+                .and_then(|v| v.get(h))
+                .map(|&c| c.min(u64::from(u32::MAX)) as u32)
+        };
+        for (p, mine) in orca.iter_mut().enumerate() {
+            for (h, (slot, s)) in mine.iter_mut().zip(&snaps).enumerate() {
+                *slot = Some(Snapshot {
+                    own: count(inflight, p, h),
+                    own_pending: count(pending, p, h),
+                    ..*s
+                });
+            }
+        }
+    }
+    for (r, s) in reports.iter_mut().zip(snaps) {
+        *r = Some(s);
+    }
 }
 
 /// Run `spec` on `wl`.
@@ -296,9 +332,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         }
         if td <= t {
             if let Some((_, snaps)) = deliveries.pop_front() {
-                for (r, s) in reports.iter_mut().zip(snaps) {
-                    *r = Some(s);
-                }
+                publish(snaps, &mut reports, &mut orca, &inflight, &pending, cfg);
             }
             continue;
         }
@@ -323,9 +357,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
             if cfg.report_delay_s > 0.0 {
                 deliveries.push_back((at, snaps));
             } else {
-                for (r, s) in reports.iter_mut().zip(snaps) {
-                    *r = Some(s);
-                }
+                publish(snaps, &mut reports, &mut orca, &inflight, &pending, cfg);
             }
             sample_k += 1;
             continue;
@@ -346,7 +378,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         };
         let own = inflight.get(p).map(|v| v.as_slice()).unwrap_or(&[]);
         let seen = match orca.get(p) {
-            Some(o) if cfg.orca_reports && pol.reads_orca() => o.as_slice(),
+            Some(o) if pol.reads_orca() => o.as_slice(),
             _ => reports.as_slice(),
         };
         let view = View {
@@ -394,4 +426,56 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
         .filter(|v| !v.is_empty())
         .map(|v| v.iter().sum::<f64>() / v.len() as f64);
     Ok(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_reaches_each_filter_proxy_with_its_own_counts_as_of_its_arrival() {
+        let snap = |waiting| Snapshot {
+            waiting,
+            running: 4,
+            kv_usage: 0.5,
+            at: 2.0,
+            own: None,
+            own_pending: None,
+        };
+        let mut reports = vec![None; 2];
+        let mut mine = vec![vec![None; 2]; 2];
+        let inflight = vec![vec![3, 0], vec![1, 2]];
+        let pending = vec![vec![2, 0], vec![0, 1]];
+        let sampled = SimConfig {
+            orca_reports: false,
+            ..SimConfig::default()
+        };
+        publish(
+            vec![snap(5), snap(6)],
+            &mut reports,
+            &mut mine,
+            &inflight,
+            &pending,
+            &sampled,
+        );
+        // Every reader sees the sample as the replica wrote it...
+        assert_eq!(reports, vec![Some(snap(5)), Some(snap(6))]);
+        // ...and each filter proxy records its own requests there now, as
+        // the filter's scrape does when the sample arrives.
+        let own =
+            |p: usize, h: usize| mine[p][h].map(|s: Snapshot| (s.waiting, s.own, s.own_pending));
+        assert_eq!(own(0, 0), Some((5, Some(3), Some(2))));
+        assert_eq!(own(1, 1), Some((6, Some(2), Some(1))));
+        // With ORCA the filter's proxies read only their own responses'.
+        let mut orca = vec![vec![None; 2]; 2];
+        publish(
+            vec![snap(5), snap(6)],
+            &mut reports,
+            &mut orca,
+            &inflight,
+            &pending,
+            &SimConfig::default(),
+        );
+        assert_eq!(orca, vec![vec![None; 2]; 2]);
+    }
 }

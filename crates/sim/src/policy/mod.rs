@@ -39,8 +39,10 @@ pub struct Snapshot {
     /// When the router received it (seconds, virtual clock).
     pub at: f64,
     /// The receiving proxy's own requests in flight at the replica when
-    /// the replica wrote it (`None`: a sampled report, read as this proxy's
-    /// count at decision time).
+    /// it received the report (ORCA: when the replica wrote it; a sample:
+    /// when it arrived, as the filter's scrape records it). `None`: a
+    /// sample as every other reader gets it, read as this proxy's count
+    /// at decision time.
     pub own: Option<u32>,
     /// The same for its requests without a first token (`None`: as `own`).
     pub own_pending: Option<u32>,

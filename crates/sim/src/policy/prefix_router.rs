@@ -208,10 +208,9 @@ pub(crate) fn refresh_loads(loads: &mut [HostLoad], view: &View<'_>, use_reports
                     } else {
                         0.0
                     },
-                    // A sampled report (`--sampled-reports`) is at most
-                    // `--report-interval-ms` old: this proxy's counts now
-                    // stand for its counts then. An ORCA report (the
-                    // default) carries its own.
+                    // Reports carry this proxy's counts as of their
+                    // receipt (ORCA and `--sampled-reports` alike); a
+                    // report without them is read against its counts now.
                     own: s.own.map_or(l.inflight, u64::from),
                     own_pending: s.own_pending.map_or(l.pending_requests, u64::from),
                     at_ms: (s.at * 1000.0).max(0.0) as u64,
