@@ -764,6 +764,7 @@ impl Router {
             total: v.total(),
             load: &|h| v.effective(h),
             queue: &queue,
+            own: &|h| v.load(h).pending_requests as f64,
             eligible: &|h| v.eligible(h),
         };
         let p = &self.cfg.cost.params;
@@ -1159,6 +1160,56 @@ mod tests {
         // weighs alike: no queue, it stays.
         assert_eq!(at(2), o);
         assert_eq!(at(5), o);
+    }
+
+    #[test]
+    fn with_no_report_a_first_turn_prices_this_proxys_own_waiting_requests() {
+        // No replica reports (vLLM sends no ORCA on streams). The owner is
+        // under its bound (8) with 5 of this proxy's requests still
+        // waiting for their first byte; the others are idle.
+        let r = router(4);
+        let idle = vec![HostLoad::default(); 4];
+        let routed = |d: Decision| match d {
+            Decision::Routed { host, spill, .. } => (host, spill.map(|s| s.why)),
+            d => panic!("{d:?}"),
+        };
+        let (o, _) = routed(decide(
+            &r,
+            Api::ChatCompletions,
+            chat("hi", 1).as_bytes(),
+            None,
+            &idle,
+            0,
+        ));
+        let mut loads = idle.clone();
+        loads[o] = HostLoad {
+            inflight: 5,
+            pending_requests: 5,
+            ..HostLoad::default()
+        };
+        let at = |loads: &[HostLoad], turns: usize| {
+            routed(decide(
+                &r,
+                Api::ChatCompletions,
+                chat("hi", turns).as_bytes(),
+                None,
+                loads,
+                0,
+            ))
+        };
+        // A first turn: 5 waiting (0.25 s) outweigh re-prefilling "hi".
+        let (h, why) = at(&loads, 1);
+        assert_ne!(h, o);
+        assert_eq!(why, Some(crate::spill::Why::Priced));
+        // A later turn: nothing every proxy sees says to move it.
+        assert_eq!(at(&loads, 3), (o, Some(crate::spill::Why::Owner)));
+        // Answered (no response byte pending), the same 5 in flight keep it.
+        loads[o].pending_requests = 0;
+        assert_eq!(at(&loads, 1).0, o);
+        // Over its bound the bound decides, as in plain bounded loads.
+        loads[o].inflight = 12;
+        assert_eq!(at(&loads, 1).1, Some(crate::spill::Why::Bound));
+        assert_eq!(at(&loads, 3).0, o);
     }
 
     #[test]
