@@ -4040,16 +4040,28 @@ fn the_inflight_gauge_shows_open_requests_and_returns_to_0() {
 // 43. vLLM and SGLang send a stream's head before its first token (and vLLM no ORCA on streams):
 //     a streamed request stays pending at its replica until its first body byte, so the priced
 //     spill's queue counts it while it prefills (behind replicas that answer like those; the
-//     backends' `--early-stream-head`). The queue shows in the decision header's `wait_ms`.
+//     backends' `--early-stream-head`), and a first turn owned there leaves. The queue shows in
+//     the decision header's `wait_ms`. With the scrape, and with the default config, which gets
+//     no report at all there: a first turn then weighs this Envoy's own requests alone, and a
+//     later turn stays.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn a_stream_is_pending_until_its_first_byte_when_the_head_comes_first() {
     let _g = serial();
     require_artifacts(true);
+    pending_until_the_first_byte(
+        "e2e-early-head",
+        json!({"scrape": {"cluster": "llm", "preset": "vllm", "interval_ms": 100, "timeout_ms": 90}}),
+    );
+    pending_until_the_first_byte("e2e-early-head-default", json!({}));
+}
+
+fn pending_until_the_first_byte(label: &str, filter: serde_json::Value) {
+    let reports = filter.get("scrape").is_some();
     // Slow prefill (2,000 tokens/s, real time): a 32 KiB prompt prefills for about 4 s after
-    // its head went out. The scrape gives every replica a fresh (empty) report.
+    // its head went out. The scrape, if on, gives every replica a fresh (empty) report.
     let lab = ok(Lab::start(&LabOptions {
-        label: "e2e-early-head".to_string(),
+        label: label.to_string(),
         backends: 4,
         backend: BackendOptions {
             cache_tokens: 65_536,
@@ -4060,9 +4072,7 @@ fn a_stream_is_pending_until_its_first_byte_when_the_head_comes_first() {
         },
         envoy: Some(EnvoyOptions {
             mode: EnvoyMode::PrefixRouter,
-            filter: FilterConfig::Patched(json!({
-                "scrape": {"cluster": "llm", "preset": "vllm", "interval_ms": 100, "timeout_ms": 90}
-            })),
+            filter: FilterConfig::Patched(filter),
             ..EnvoyOptions::default()
         }),
     }));
@@ -4135,6 +4145,11 @@ fn a_stream_is_pending_until_its_first_byte_when_the_head_comes_first() {
         "no small conversation owned by {z}: {owners:?}"
     );
     let during = send(&small(mine[0]));
+    // A later turn of a conversation owned there.
+    let mut turn2 = small(mine[mine.len() - 1]);
+    turn2.push(json!({"role": "assistant", "content": "Hi."}));
+    turn2.push(json!({"role": "user", "content": "And then?"}));
+    let later = send(&turn2);
     let big_rec = t
         .join()
         .unwrap_or_else(|_| panic!("the large request's thread panicked"));
@@ -4151,6 +4166,22 @@ fn a_stream_is_pending_until_its_first_byte_when_the_head_comes_first() {
         "{z}'s queue while a request of this Envoy prefilled there: wait_ms {w} ({:?})",
         during.decision
     );
+    // The queue moved that first turn elsewhere.
+    let why = |rec: &RequestRecord| {
+        workload::decision_field(rec.decision.as_deref().unwrap_or_default(), "why")
+            .map(str::to_string)
+    };
+    assert_eq!(why(&during).as_deref(), Some("priced"), "{during:?}");
+    assert_ne!(during.backend.as_deref(), Some(z.as_str()), "{during:?}");
+    if !reports {
+        // No report for a later turn to weigh: it stays, whatever this Envoy has pending.
+        assert!(
+            later.backend.as_deref() == Some(z.as_str()) && why(&later).as_deref() == Some("owner"),
+            "a later turn left {z} with no report: {later:?}"
+        );
+        let d = later.decision.as_deref().unwrap_or_default();
+        assert_eq!(workload::decision_field(d, "report"), Some("none"), "{d}");
+    }
     // Released at its first byte: the queue is empty again.
     std::thread::sleep(Duration::from_millis(300));
     let after = send(&small(mine[0]));
