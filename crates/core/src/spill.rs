@@ -72,7 +72,8 @@
 //!    weighed a queue. Suite, this against that: with no reports TTFT p90
 //!    0.82x (tune) and 0.94x (check) at -1.2 and -1.3 points of hit rate
 //!    (shared-prefix and bursty spread their groups); with ORCA as
-//!    delivered (a candidate without a fresh report has one too) 0.98x and
+//!    delivered (a candidate without a fresh report counts the proxy's own
+//!    part too) 0.98x and
 //!    0.96x, +0.1 and +0.15 points (rag overload with 4 proxies 0.58x).
 //!
 //! Ties go to the earlier candidate.
