@@ -4182,6 +4182,18 @@ fn pending_until_the_first_byte(label: &str, filter: serde_json::Value) {
         let d = later.decision.as_deref().unwrap_or_default();
         assert_eq!(workload::decision_field(d, "report"), Some("none"), "{d}");
     }
+    // Decisions in a row with no report for their replica: the VM says so, once per run of
+    // 100; with the scrape it never does. 250 of them: each worker VM counts its own.
+    let warn = "decisions in a row found no fresh load report";
+    for i in 0..250 {
+        send(&small(100 + i));
+    }
+    let log = ok(lab.envoy()).log();
+    assert_eq!(
+        log.matches(warn).count() > 0,
+        !reports,
+        "the Envoy log on running without reports ({label})"
+    );
     // Released at its first byte: the queue is empty again.
     std::thread::sleep(Duration::from_millis(300));
     let after = send(&small(mine[0]));

@@ -76,6 +76,11 @@ pub const ORCA_HEADER: &str = "endpoint-load-metrics";
 #[cfg(feature = "test-trap")]
 pub const TEST_TRAP_HEADER: &str = "x-prefix-router-test-trap";
 
+/// Decisions in a row with no fresh report for their replica after which
+/// a VM logs, once per run of them, that the priced spill runs without
+/// reports ([`Http::note_reports`]).
+pub const UNREPORTED_WARN: u32 = 100;
+
 /// One request.
 pub struct Http {
     st: Rc<State>,
@@ -254,6 +259,7 @@ impl Http {
             .with_session(session.as_deref())
             .with_params(&params);
         let d = self.place(req);
+        self.note_reports(&d, &loads, now);
         self.session = session;
         if let Decision::Routed {
             host, cached, key, ..
@@ -272,6 +278,45 @@ impl Http {
         self.decision = Some(d);
         self.api = None;
         Action::Continue
+    }
+
+    /// Count the priced spill's decisions in a row whose owner had no
+    /// fresh load report (read in the decision: no host call), and at
+    /// [`UNREPORTED_WARN`] of them log that the rule runs without reports:
+    /// behind vLLM, streamed responses carry no ORCA, so with the default
+    /// config a first turn weighs only this Envoy's own requests and a
+    /// later turn never moves. Once per run of them, and only when reports
+    /// are configured to arrive.
+    fn note_reports(&self, d: &Decision, loads: &HostLoads<'_>, now: u64) {
+        let Decision::Routed {
+            spill: Some(note), ..
+        } = d
+        else {
+            return;
+        };
+        let st = &self.st;
+        let cfg = st.router.config();
+        if !crate::loads::reports_configured(cfg) {
+            return;
+        }
+        let fresh = cfg.load.freshness();
+        if loads.load(note.owner).reported_queue(now, fresh).is_some() {
+            st.unreported.set(0);
+            return;
+        }
+        let n = st.unreported.get().saturating_add(1);
+        st.unreported.set(n);
+        if n == UNREPORTED_WARN {
+            host::log(
+                LogLevel::Warn,
+                &format!(
+                    "prefix-router: {n} decisions in a row found no fresh load report for their replica \
+                     (vLLM sends ORCA on non-streamed responses only): first turns weigh only this \
+                     Envoy's own requests and later turns never move; configure \"scrape\" \
+                     (docs/operations.md, \"Load reports\")"
+                ),
+            );
+        }
     }
 
     /// The cost parameters, with the learned prefill rate when

@@ -61,6 +61,9 @@ pub struct State {
     pub reported_at: std::cell::RefCell<ReportTimes>,
     /// When this VM last asked each host for one ([`State::ask_due`]).
     pub asked_at: std::cell::RefCell<ReportTimes>,
+    /// The priced spill's decisions in a row whose owner had no fresh
+    /// load report ([`crate::http::UNREPORTED_WARN`]).
+    pub unreported: std::cell::Cell<u32>,
 }
 
 /// A VM asks a host for its load report (the ORCA format header on a
@@ -254,6 +257,7 @@ impl Root {
             log_level: std::cell::Cell::new(old.log_level.get()),
             reported_at: std::cell::RefCell::new(ReportTimes::default()),
             asked_at: std::cell::RefCell::new(ReportTimes::default()),
+            unreported: std::cell::Cell::new(old.unreported.get()),
         });
         self.state = Some(state);
     }
@@ -524,6 +528,7 @@ impl RootContext for Root {
                     log_level: std::cell::Cell::new(None),
                     reported_at: std::cell::RefCell::new(ReportTimes::default()),
                     asked_at: std::cell::RefCell::new(ReportTimes::default()),
+                    unreported: std::cell::Cell::new(0),
                 });
                 let now = host::now_ms().unwrap_or(0);
                 // The log level as of now, so that requests find it known.
