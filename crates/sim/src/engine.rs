@@ -177,7 +177,9 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
     let mut inflight = vec![vec![0u64; n]; k];
     let mut pending = vec![vec![0u64; n]; k];
     let mut reports: Vec<Option<Snapshot>> = vec![None; n];
-    // `orca_reports`: what each proxy has read on its own responses.
+    // What each of the filter's proxies has read: with `orca_reports` the
+    // reports on its own responses, else its copies of the samples
+    // ([`publish`]).
     let mut orca: Vec<Vec<Option<Snapshot>>> = vec![vec![None; n]; k];
     let mut deliveries: VecDeque<(f64, Vec<Snapshot>)> = VecDeque::new();
     let reports_on = cfg.report_interval_s > 0.0;
