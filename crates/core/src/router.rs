@@ -183,6 +183,9 @@ pub struct SpillNote {
     /// `W_o` and the chosen host's `W`, milliseconds (`None`: no fresh
     /// report for `o`).
     pub wait_ms: Option<(u32, u32)>,
+    /// `o` had a fresh load report (a first turn without one weighs only
+    /// this proxy's own requests there; a later turn stays).
+    pub reported: bool,
     /// `held_s`, milliseconds: re-prefilling the prompt elsewhere.
     pub held_ms: u32,
 }
@@ -796,6 +799,7 @@ impl Router {
                 why: pl.why,
                 owner: pl.owner,
                 wait_ms: pl.wait_ms,
+                reported: v.load(pl.owner).reported_queue(v.now_ms, fresh).is_some(),
                 held_ms: crate::spill::ms(held_s),
             }),
         })
@@ -1825,6 +1829,7 @@ mod tests {
             why: crate::spill::Why::Priced,
             owner: 0,
             wait_ms: Some((1500, 0)),
+            reported: true,
             held_ms: 125,
         };
         assert_eq!(
@@ -1836,6 +1841,7 @@ mod tests {
             why: crate::spill::Why::Owner,
             owner: 1,
             wait_ms: None,
+            reported: false,
             held_ms: 40,
         };
         assert_eq!(

@@ -259,7 +259,7 @@ impl Http {
             .with_session(session.as_deref())
             .with_params(&params);
         let d = self.place(req);
-        self.note_reports(&d, &loads, now);
+        self.note_reports(&d);
         self.session = session;
         if let Decision::Routed {
             host, cached, key, ..
@@ -281,13 +281,13 @@ impl Http {
     }
 
     /// Count the priced spill's decisions in a row whose owner had no
-    /// fresh load report (read in the decision: no host call), and at
+    /// fresh load report (`SpillNote::reported`), and at
     /// [`UNREPORTED_WARN`] of them log that the rule runs without reports:
     /// behind vLLM, streamed responses carry no ORCA, so with the default
     /// config a first turn weighs only this Envoy's own requests and a
     /// later turn never moves. Once per run of them, and only when reports
     /// are configured to arrive.
-    fn note_reports(&self, d: &Decision, loads: &HostLoads<'_>, now: u64) {
+    fn note_reports(&self, d: &Decision) {
         let Decision::Routed {
             spill: Some(note), ..
         } = d
@@ -295,12 +295,10 @@ impl Http {
             return;
         };
         let st = &self.st;
-        let cfg = st.router.config();
-        if !crate::loads::reports_configured(cfg) {
+        if !crate::loads::reports_configured(st.router.config()) {
             return;
         }
-        let fresh = cfg.load.freshness();
-        if loads.load(note.owner).reported_queue(now, fresh).is_some() {
+        if note.reported {
             st.unreported.set(0);
             return;
         }

@@ -111,6 +111,14 @@ fn tbits(t: f64) -> u64 {
     t.max(0.0).to_bits()
 }
 
+/// Proxy `p`'s count at replica `h` as a report carries it.
+fn count_at(counts: &[Vec<u64>], p: usize, h: usize) -> Option<u32> {
+    counts
+        .get(p)
+        .and_then(|v| v.get(h))
+        .map(|&c| c.min(u64::from(u32::MAX)) as u32)
+}
+
 /// Make sampled reports visible: to every policy as they are, and to the
 /// filter's policies (`--sampled-reports`) each proxy's copy with its own
 /// in-flight and pending counts at the replica as of now, as the filter's
@@ -125,16 +133,11 @@ fn publish(
     cfg: &SimConfig,
 ) {
     if !cfg.orca_reports {
-        let count = |v: &[Vec<u64>], p: usize, h: usize| {
-            v.get(p)
-                .and_then(|v| v.get(h))
-                .map(|&c| c.min(u64::from(u32::MAX)) as u32)
-        };
         for (p, mine) in orca.iter_mut().enumerate() {
             for (h, (slot, s)) in mine.iter_mut().zip(&snaps).enumerate() {
                 *slot = Some(Snapshot {
-                    own: count(inflight, p, h),
-                    own_pending: count(pending, p, h),
+                    own: count_at(inflight, p, h),
+                    own_pending: count_at(pending, p, h),
                     ..*s
                 });
             }
@@ -264,12 +267,8 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                             // The ORCA header rides on the response's
                             // headers: the replica's counts now, and this
                             // proxy's own requests there now.
-                            let mine = |v: &Vec<Vec<u64>>| {
-                                v.get(p)
-                                    .and_then(|v| v.get(ri))
-                                    .map(|&c| c.min(u64::from(u32::MAX)) as u32)
-                            };
-                            let (own, own_pending) = (mine(&inflight), mine(&pending));
+                            let (own, own_pending) =
+                                (count_at(&inflight, p, ri), count_at(&pending, p, ri));
                             if let Some(slot) = orca.get_mut(p).and_then(|v| v.get_mut(ri)) {
                                 *slot = Some(Snapshot {
                                     waiting: rep.num_waiting() as u32,
