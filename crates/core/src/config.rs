@@ -7,7 +7,7 @@
 //!    [`ConfigError`] naming the field, the value and the reason, e.g.
 //!    ``field `capacity_factor` = 0.5: must be >= 1``; JSON type errors too
 //!    (``field `vnodes` = -5: must be an integer 0..=4294967295``: the field's
-//!    path is found from where serde_json stopped, [`error_path`]).
+//!    path is found from where serde_json stopped, `error_path`).
 //!
 //! Every field, its type, default, allowed values and meaning are the doc
 //! comments of the `Raw*` structs below: `docs/config.md` is generated from
@@ -274,7 +274,10 @@ pub struct RawCost {
     /// Seconds a request in a replica's reported queue waits before its
     /// prefill starts. `spill`: the wait saved by leaving the owner is the
     /// queue difference x this; set it to what your replicas do, about the
-    /// prefill of a queued request. `index`: others' waiting requests (the
+    /// prefill of a queued request. `spill` reads it only times
+    /// `prefill_tokens_per_s`: a queued request is priced at that many
+    /// prefill tokens (8,000 by default) against the prompt's own. `index`:
+    /// others' waiting requests (the
     /// host's fresh reported queue beyond this proxy's own requests there)
     /// each add this to a candidate's estimated wait.
     /// Allowed: 0..=3600.

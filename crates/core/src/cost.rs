@@ -1,297 +1,70 @@
-//! Affinity against load as one explicit cost: estimated time to first
-//! token.
+//! The index rule (`cost.mode = "index"`, the default before the priced
+//! spill): affinity against load as one explicit cost, the estimated time
+//! to first token, with this proxy's learned prefix index.
 //!
 //! ## Algorithm
-//! Candidates are the first `candidates` hosts (default 6) on the key's
-//! clockwise ring walk ([`Ring::walk`]) that are eligible (not ejected) and
-//! under their bounded-load capacity ([`Ring::capacity`]): the ring owner
-//! first, then its successors. For each candidate `h` the router estimates
+//! 1. **Candidates**: the first `candidates` hosts (default 6) on the
+//!    key's ring walk ([`Ring::walk`]) that are eligible and under their
+//!    bounded-load capacity ([`Ring::capacity`]), the owner first. A hot
+//!    host (step 4) that is held does not count.
+//! 2. **Estimate** for each candidate `h`:
 //!
-//! ```text
-//! TTFT_h = load_h * service_s                                   (queue wait)
-//!        + max(0, prompt_tokens - cached_tokens_h) / prefill_tokens_per_s
-//! ```
+//!    ```text
+//!    TTFT_h = wait_h + max(0, prompt_tokens - cached_tokens_h) / prefill_tokens_per_s
+//!    ```
 //!
-//! (with `queue = "requests"`; the default `"tokens"` replaces the
-//! first term, see "Token-aware queue" below), where `load_h` is the
-//! effective load of
-//! [`crate::load::HostLoad`]
-//! (this proxy's in-flight requests plus the fresh report's requests
-//! beyond its own: `HostLoad::effective`), `prompt_tokens = prompt bytes /
-//! bytes_per_token`, and `cached_tokens_h` is the longest prefix of this
-//! prompt that the router's index ([`crate::index::PrefixLookup`]: the
-//! in-memory [`crate::index::PrefixIndex`] or the filter's
-//! [`crate::shared_index`]) says `h` recently
-//! served. The smallest estimate wins; estimates within `EPSILON_S` of each
-//! other count as equal and the earlier host in ring order wins, so proxies
-//! with the same view agree (and with an empty index and equal loads the
-//! owner wins, as in plain bounded loads).
-//!
-//! One exception keeps conversations in place ("Staying with the cache"
-//! below): the candidate the index credits with the longest cached prefix
-//! keeps the request unless the best estimate beats its own by more than
-//! `stay_margin_s` (default 0.1 s).
-//!
-//! A hot host (its recent load well above the fleet's mean, "Hot hosts
-//! lose the floor" below) is held to the bound with half the capacity
-//! floor, except for a prompt it holds at least half of.
-//!
-//! If no eligible host is under capacity (only possible when ejected hosts
-//! hold the spare capacity), the choice is [`Ring::place`]'s.
+//!    `cached_tokens_h`: the longest prefix of the prompt the index
+//!    ([`crate::index::PrefixLookup`]: [`crate::index::PrefixIndex`] or
+//!    the filter's [`crate::shared_index`]) credits `h` with. `wait_h`
+//!    with `queue = "tokens"` (the default): this proxy's pending uncached
+//!    prefill tokens at `h` plus the waiting requests `h` reports beyond
+//!    this proxy's own in flight, each priced at `service_s` of prefill
+//!    ([`pending_with_report`]), over `prefill_tokens_per_s`, plus
+//!    `inflight_s` per request of this proxy's in flight there; with
+//!    `queue = "requests"`, `load_h x service_s` ([`HostLoad::effective`]).
+//! 3. **Choose** the smallest estimate; estimates within [`EPSILON_S`] are
+//!    equal and go to the earlier host on the walk ([`Ties::Ring`]) or to
+//!    the lower load ([`Ties::Load`]). The candidate credited with the
+//!    longest prefix keeps the request unless another is more than
+//!    `stay_margin_s` (0.1 s, `inflight_s` left out) faster: the estimate
+//!    prices what a move saves now, not the copy it leaves behind.
+//! 4. **Hot hosts**: a host whose recent load (an average with time
+//!    constant `hot_window_s`, [`crate::load::LoadTrend`]) is above
+//!    `hot_factor` x the fleet's mean is held to a tighter bound
+//!    ([`HotRule::Mean`]: the fleet's mean for a prompt it holds less than
+//!    [`HOT_KEEP_FRACTION`] of, [`mean_rule_keep_floor`] otherwise;
+//!    [`HotRule::HalfFloor`]: half the capacity floor), so the capacity
+//!    floor (`min_capacity`) cannot pile requests onto one replica.
+//! 5. If no eligible host is under capacity: [`Ring::place`].
 //!
 //! ## Guarantees
-//! - Bounded loads are kept: a candidate is always under its capacity, and
-//!   the first eligible host under capacity is always a candidate, so a host
-//!   at or over its bound is never chosen while one under it exists. A hot
-//!   host at or over its hot bound `max(ceil(c (L + 1) w / W),
-//!   ceil(min_capacity x HOT_FLOOR_SHARE x w))` (but under its capacity)
-//!   takes only prompts it is credited with at least
-//!   [`HOT_KEEP_FRACTION`] of; with [`HotRule::Mean`] its hot bound is the
-//!   fleet's mean and it takes nothing that would take this proxy's own
-//!   requests there over `max(c (L + 1) w / W, mean_rule_keep_floor x w)`
-//!   (unrounded, [`HotKeep::Within`]; with [`HotKeep::Ceil`], nothing once
-//!   they are at or over that bound rounded up).
-//! - `candidates = 1` is exactly [`Ring::place`].
-//! - Deterministic: no clock, no randomness, ring order breaks ties.
+//! - Bounded loads: a host at or over its bound is never chosen while one
+//!   under it exists; `candidates = 1` is exactly [`Ring::place`].
+//! - Deterministic: no clock, no randomness; ring order breaks ties, so
+//!   proxies with the same view agree (with an empty index and equal
+//!   loads the owner wins).
 //!
 //! ## Complexity
-//! The ring walk until `candidates` qualifying hosts are found (usually
-//! `candidates` steps), one index lookup of O(b) probes for a prompt of b
-//! kept boundaries (b = k / stride up to `dense_boundaries`, then
-//! logarithmic in k: [`crate::index`]), and O(candidates) arithmetic.
+//! The ring walk until `candidates` hosts qualify (usually `candidates`
+//! steps), one index lookup of O(b) probes for a prompt of b kept
+//! boundaries ([`crate::index`]), O(candidates) arithmetic, and O(hosts)
+//! for the hot hosts' mean.
 //!
 //! ## Trade-offs
-//! - Only ring neighbours are candidates, not the whole fleet: a key's
-//!   cache can only ever be on one of `candidates` hosts (plus spills), so
-//!   proxies and restarts keep agreeing, and a host outside the key's walk
-//!   is never loaded with its prefixes. Dynamo and GIE score every host.
-//! - With `queue = "requests"` queue wait is counted in requests times
-//!   a fixed service time, not in queued prefill tokens (a replica's report
-//!   does not give the queued requests' lengths; the default `"tokens"`
-//!   uses the router's own pending prompt tokens instead, see below, and
-//!   prices only others' reported requests at `service_s`); `service_s` is
-//!   the mean uncached prefill time of a request.
-//!   The default 0.5 s is 8,000 uncached tokens at 16,000 tokens/s: a
-//!   typical multi-turn chat prompt (the Mooncake conversation trace
-//!   averages 12,000 prompt tokens, of which ~10,500 are uncached at
-//!   the fleet's measured hit rate, so 0.66 s; decode-phase requests in
-//!   the in-flight count cost a newcomer far less, which pulls the mean
-//!   down).
-//! - The cache estimate is this proxy's own index (in the Envoy filter the
-//!   shared-data index of [`crate::shared_index`], shared by the workers of
-//!   one process): several proxies each see only their share of the
-//!   responses, and the index does not see evictions (bounded by
-//!   `host_tokens` in the simulator, by its buckets in the filter).
+//! - The index is this proxy's own: several proxies each see only their
+//!   share of the responses (the filter's `gossip` shares them), and it
+//!   does not see evictions (bounded by `host_tokens`). So proxies without
+//!   gossip place a conversation's turns differently; the priced spill
+//!   ([`crate::spill`]) has no index for that reason.
+//! - Only ring neighbours are candidates: a key's cache can only be on
+//!   one of `candidates` hosts (plus spills), so proxies and restarts keep
+//!   agreeing. Dynamo and GIE score every host.
+//! - `service_s` prices a request someone else queued, whose length the
+//!   report does not give; this proxy's own are counted in tokens.
 //!
-//! ## Token-aware queue (`queue = "tokens"`, the default)
-//! Prompts differ by two orders of magnitude (the Mooncake trace: 891 to
-//! 126,000 tokens), so a count of requests says little about the prefill
-//! work ahead of a newcomer. With `QueueMode::Tokens` the queue term is
-//!
-//! ```text
-//! wait_h = pending_prefill_tokens_h / prefill_tokens_per_s
-//! ```
-//!
-//! where `pending_prefill_tokens_h` ([`crate::load::HostLoad`]) is the
-//! uncached prompt tokens of the requests this router sent to `h` that
-//! have not yet produced a first token (prefill still ahead of a new
-//! request): each adds its prompt tokens minus the tokens the index
-//! credited `h` with when it was placed ([`CostParams::pending_tokens`]),
-//! since a replica skips the prefill of what it holds. There is
-//! no per-request term: requests past their first token (decoding) slow a
-//! newcomer's prefill only a little, and they still count in `load_h`,
-//! which keeps deciding the bound. The count is this router's own view,
-//! so the replica's report adds what others sent ([`pending_with_report`]):
-//! waiting requests it reports beyond the requests this router has in
-//! flight there are someone else's (other proxies, direct clients, a load
-//! spike), and each is priced at `service_s` of prefill:
-//!
-//! ```text
-//! pending_prefill_tokens_h = own pending tokens_h
-//!     + max(0, reported_queue_h - own in-flight_h) x service_s x prefill_tokens_per_s
-//! ```
-//!
-//! With one proxy and no other traffic the second term is almost always 0
-//! (the waiting requests a replica reports are this router's own), so a
-//! stale or bursty report does not push conversations off their cache.
-//!
-//! ## Staying with the cache (`stay_margin_s`, default 0.1 s)
-//! The estimate prices what a move saves now, not what it costs later: a
-//! conversation moved to a second replica has its prefix prefilled and
-//! stored there too, evicting other prefixes, and its later turns split
-//! between two caches. When the estimates are close (a replica busy with
-//! one new document's prefill against an idle one, say) the move gains a
-//! few milliseconds and pays that later cost. So the candidate with the
-//! longest credited prefix (the earliest on the walk among equals) keeps
-//! the request unless another candidate is estimated more than
-//! `stay_margin_s` faster; 0 is the plain argmin. That comparison leaves
-//! out `inflight_s`'s term (this proxy's own requests decoding at a
-//! host): it spreads requests that tie on prefill, and is no reason to
-//! leave a cache (with it in, the Envoy demo kept 87-92 % of turns on their
-//! replica instead of 100 %). The bound is untouched
-//! (only candidates under capacity are considered). Measured in Envoy on
-//! the demo's document chat, side by side in one run (seed 3, BENCHMARKS
-//! "Envoy lab"): argmin kept 94.0 % of turns on their conversation's
-//! replica at a 75.2 % hit rate and TTFT p90 148 ms; the 0.1 s margin kept
-//! 100 % at 81.4 % and 133 ms.
-//!
-//! ## Hot hosts (`hot_window_s`, `hot_factor`, `hot_rule`)
-//! The capacity floor (`min_capacity`, default 8) lets a host hold up to 8
-//! requests whatever the fleet's load, so that at light load a replica
-//! with cached conversations is never "full" after two or three requests.
-//! At a few requests per replica on average that also lets requests pile up
-//! where the cost rule finds short prefill queues (a replica busy decoding
-//! long answers has no prefill ahead and looks free), and one replica can
-//! hold 1.3-1.75x the mean for a minute (BENCHMARKS, "Hot hosts lose the
-//! floor").
-//!
-//! So each proxy keeps every host's recent load: an exponential moving
-//! average of its effective load with time constant `hot_window_s`
-//! (default 20 s; [`crate::load::LoadTrend`], sampled at each decision). A
-//! host whose recent load per unit weight is above `hot_factor` (default
-//! 1.12) x the mean of the eligible hosts ([`hot_hosts`]) is hot, and is
-//! held to a tighter bound ([`HotRule`]). At or over it, it is passed over
-//! (counted in `hot_skipped`). A held host does not count towards
-//! `candidates`. Hosts that are not hot keep the floor.
-//!
-//! ### The mean rule (`hot_rule = "mean"`, the default)
-//! [`HotRule::Mean`] holds a hot host to the fleet's mean,
-//! `ceil((L + 1) w / W)`, for a prompt it is credited with less than half
-//! of ([`HOT_KEEP_FRACTION`]): a new conversation goes elsewhere. For one
-//! it holds at least half of (a conversation's next turn, which would
-//! cost a whole prefill elsewhere) it keeps the pure bound
-//! `c (L + 1) w / W` or a receding floor, whichever is higher: the
-//! floor less the fleet's mean load per unit weight,
-//! `min_capacity - (L + 1) / W`, and at least half the floor
-//! ([`mean_rule_keep_floor`]; 7 of 8 in a nearly idle fleet, 4 from a
-//! mean of 4 requests per replica on). A nearly idle fleet so keeps its
-//! conversations in place, where the pure bound is 1 or 2, and a loaded
-//! one holds them to the pure bound.
-//!
-//! The keep bound is not rounded up (`hot_keep = "within"`, the
-//! default, [`HotKeep::Within`]): the turn stays only if the host's load
-//! after it is within the bound, `own + 1 <= max(c (L + 1) w / W,
-//! keep floor x w)`. Rounding up, as the capacity does
-//! ([`HotKeep::Ceil`], the default before), lets a host that is already
-//! hot sit a whole request above its share: at 3.6 requests per replica
-//! (`(L + 1) / W` = 3.75) the pure bound 1.25 x 3.75 = 4.7 becomes 5, and
-//! the floor's 8 - 3.75 = 4.25 becomes 5, 1.39x the mean. On the Mooncake trace that was the worst 60 s
-//! window of the simulator's default seed (a replica at 4.6 against a mean
-//! of 3.6 for a minute, 1.265); unrounded, the worst window is within
-//! 1.25 on 143 of 144 seeds (below), and a hot host's turn that would
-//! take it over goes to a successor (a miss: hit rate 5.32 against 5.47 %
-//! at load A). The capacity itself stays rounded
-//! up (it is the bounded-load guarantee, and a host that is not hot is
-//! never held by this). That keep bound counts this proxy's
-//! own in-flight requests at the host ([`place`]; with one proxy and no
-//! other traffic the same as its effective load): requests others put
-//! there (direct clients, a spike, other proxies) still count in its
-//! capacity, in the mean that holds new prompts and in the estimate's
-//! queue, so a conversation's cached prefix is weighed against that wait
-//! rather than ruled out by it. Cost: O(1) more per candidate.
-//!
-//! The price is in `inflight_s`: it spreads new conversations by this
-//! proxy's own requests in flight, which differ between proxies, so two
-//! proxies place a new conversation differently, and without index
-//! gossip its later turns through the other proxy miss (two Envoys
-//! without gossip: 24-32 % hit rate against 36-41 % under `half_floor`,
-//! 35-38 % with the mean rule and `inflight_s` 0; with gossip the
-//! defaults are level).
-//!
-//! With it the defaults set `inflight_s` to 0.1: each of this
-//! proxy's requests at a host adds 0.1 s to a newcomer's estimate there,
-//! so new conversations that tie on prefill spread by load; ties still go
-//! to ring order.
-//!
-//! ### The half-floor rule (`hot_rule = "half_floor"`)
-//! [`HotRule::HalfFloor`], the default before (with `hot_window_s` 10,
-//! `hot_factor` 1.1, `inflight_s` 0), keeps a hot host half its floor
-//! ([`HOT_FLOOR_SHARE`]): `max(ceil(c (L + 1) w / W), ceil(min_capacity /
-//! 2 x w))`, 4 requests by default, and the full floor for prompts the
-//! index credits it with at least half of. Half the floor, not none: in a
-//! nearly idle fleet a host serving one request is already above the
-//! mean, and its pure bound there is 1 or 2, so without a remaining floor
-//! the rule would make light traffic least-loaded and move keys off their
-//! ring owner. At 3 or more requests per replica the pure bound is above 4
-//! and decides.
-//!
-//! - Fleet-consistent: the recent loads are averages of effective loads,
-//!   which include the replicas' reports, so proxies agree on which hosts
-//!   are hot (a per-proxy penalty on its own counts was tried and split
-//!   shared prefixes between proxies: BENCHMARKS). A report's waiting
-//!   count fades with age (`load.report_fade_ms`,
-//!   [`crate::load::Freshness`]): a stale busy queue would otherwise price
-//!   a replica out and keep it hot, the mean rule would send it no new
-//!   conversations, and no response would come back to refresh the
-//!   report (two Envoys with gossip, the demo's 10 s TTL and no fading:
-//!   43-49 % hit rate in two runs of three, 72-76 % with it).
-//! - Cost: O(hosts) per decision for the average and the mean.
-//! - Trade-off (BENCHMARKS "The mean rule becomes the default", "The
-//!   keep bound unrounded"): Mooncake, one proxy. Load A: the mean rule's
-//!   worst 60 s window is within 1.25 on 143 of 144 seeds (the miss
-//!   1.301; with [`HotKeep::Ceil`] 142, up to 1.267; least-loaded routing
-//!   140, up to 1.320), TTFT p90 2.164 s on seeds
-//!   1-48; `half_floor` 5 of 48 (up to 1.355), 2.095 s; Dynamo 0 of 48,
-//!   2.174 s. Load B (24 seeds): 24 of 24, 2.896 s; `half_floor` 22 of 24,
-//!   2.708 s; Dynamo 0 of 24, 2.690 s. So the mean rule buys the
-//!   fleet-wide bound with 3-8 % of p90 at one proxy's high load, and the
-//!   unrounded keep bound with 0.15 points of hit rate (5.32 against
-//!   5.47 % at load A).
-//!
-//! ## Ties (`ties`)
-//! Estimates within [`EPSILON_S`] are equal. With [`Ties::Ring`] (the
-//! default) the earlier host on the key's walk wins, so proxies that see
-//! the same estimates agree, and a prompt nobody holds goes to its ring
-//! owner whenever the owner has no more prefill ahead than the others.
-//! With [`Ties::Load`] the lower effective load wins among equal
-//! estimates, then ring order, so equal loads still go by the ring. Equal
-//! estimates are common for a new conversation: several replicas have no
-//! prefill pending, and the owner may already be decoding more answers
-//! than the others. Going by load spreads new conversations (and their
-//! future caches) over the replicas; going by ring keeps every proxy's
-//! choice the same without telling each other.
-//! - Measured (BENCHMARKS "Ties by load"): one Envoy, the demo, three
-//!   seeds: hit rate 76.8 / 80.6 / 81.2 % against 73.4 / 79.5 / 75.9 %,
-//!   TTFT p90 157 / 139 / 133 ms against 165 / 146 / 153 ms; the
-//!   simulator at issue 4's loads, twelve seeds, one proxy: TTFT p90
-//!   within 0.5 %, worst windows within 1.25 on 15 of 24 seed-cells
-//!   against 11.
-//! - Several proxies: each one's effective load is its own view, so two
-//!   proxies may each send the next new conversation to the same idle
-//!   replica. Without gossip the next turn of a conversation one proxy
-//!   moved is not found by the others (as with ring ties under a burst).
-//!   With gossip but no scrape, two of six demo runs herded (42.1 and
-//!   51.2 % hit rate); with gossip and the scrape, 76.4-78.3 % in three.
-//! - Cost: one load comparison per candidate.
-//!
-//! ## Worked example: a hit is worth exactly the prefill time it saves
-//! Prompt 12,000 tokens (48,000 bytes). Owner A: load 3, holds 10,000
-//! tokens of it. Successor B: load 1, holds nothing. Defaults (0.5 s a
-//! queued request, 16,000 prefill tokens/s):
-//!
-//! ```text
-//! A: 3 * 0.5 + (12000 - 10000) / 16000 = 1.500 + 0.125 = 1.625 s
-//! B: 1 * 0.5 + (12000 -     0) / 16000 = 0.500 + 0.750 = 1.250 s   <- chosen
-//! ```
-//!
-//! The 10,000 cached tokens are worth 10,000 / 16,000 = 0.625 s, which is
-//! less than A's extra 1.0 s of queue: B wins. With A at load 2 instead,
-//! A costs 1.125 s and keeps the request. A hit never counts for more or
-//! less than the prefill seconds it saves.
-//!
-//! ## Worked example with `queue = "tokens"`
-//! The same prompt and cache; A has 3 requests waiting for their first
-//! token totalling 6,000 prompt tokens (short turns), B has 1 waiting
-//! request of 24,000 tokens (a long document):
-//!
-//! ```text
-//! A:  6000 / 16000 + (12000 - 10000) / 16000 = 0.375 + 0.125 = 0.500 s   <- chosen
-//! B: 24000 / 16000 + (12000 -     0) / 16000 = 1.500 + 0.750 = 2.250 s
-//! ```
-//!
-//! Counting requests sends the request to B (above); counting tokens sees
-//! that B's single request is four times A's three and keeps it on A,
-//! with its cache.
+//! Worked examples: the tests `worked_example` and
+//! `worked_example_tokens`. Measurements behind each constant and rule:
+//! docs/design.md, "The index rule".
 
 use crate::index::PrefixLookup;
 use crate::load::{Freshness, HostLoad};
@@ -380,7 +153,7 @@ pub struct CostParams {
     pub queue: QueueMode,
     /// Seconds another candidate must be estimated faster than the one
     /// holding the longest cached prefix to take the request from it
-    /// (default 0.1; 0: pure argmin). See "Staying with the cache".
+    /// (default 0.1; 0: pure argmin). See the module doc, step 3.
     pub stay_margin_s: f64,
     /// How estimates within [`EPSILON_S`] of each other are broken: ring
     /// order (default, proxies agree) or the lower effective load. See
@@ -909,6 +682,18 @@ mod tests {
         })
     }
 
+    /// A hit is worth exactly the prefill time it saves. Prompt 12,000
+    /// tokens (48,000 bytes); owner A: load 3, holds 10,000 tokens of it;
+    /// successor B: load 1, holds nothing (0.5 s a queued request,
+    /// 16,000 prefill tokens/s):
+    ///
+    /// ```text
+    /// A: 3 * 0.5 + (12000 - 10000) / 16000 = 1.500 + 0.125 = 1.625 s
+    /// B: 1 * 0.5 + (12000 -     0) / 16000 = 0.500 + 0.750 = 1.250 s   <- chosen
+    /// ```
+    ///
+    /// The cached 10,000 tokens are worth 0.625 s, less than A's extra
+    /// 1.0 s of queue. At load 2, A costs 1.125 s and keeps it.
     #[test]
     fn worked_example() {
         let p = CostParams {
@@ -1062,6 +847,17 @@ mod tests {
         );
     }
 
+    /// The same prompt and cache, queues in tokens: A has 3 requests
+    /// waiting for their first token, 6,000 prompt tokens in all; B one of
+    /// 24,000 tokens (a long document):
+    ///
+    /// ```text
+    /// A:  6000 / 16000 + (12000 - 10000) / 16000 = 0.375 + 0.125 = 0.500 s   <- chosen
+    /// B: 24000 / 16000 + (12000 -     0) / 16000 = 1.500 + 0.750 = 2.250 s
+    /// ```
+    ///
+    /// Counting requests sends it to B; counting tokens sees B's one
+    /// request is four times A's three and keeps it on A, with its cache.
     #[test]
     fn worked_example_tokens() {
         let p = CostParams {

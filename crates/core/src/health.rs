@@ -12,7 +12,7 @@
 //! the count. If every host is ejected, ejection is ignored (routing to a
 //! possibly-broken host beats refusing to route).
 //!
-//! State lives in the [`SharedStore`] (12 bytes a host), updated with a
+//! State lives in the [`crate::store::SharedStore`] (12 bytes a host), updated with a
 //! compare-and-swap loop like the in-flight counts. O(1) per response.
 //!
 //! ## Trade-offs

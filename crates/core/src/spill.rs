@@ -12,17 +12,13 @@
 //!    turn comes back to it. The rest are the group's ring successors, as
 //!    in consistent hashing with bounded loads: a hot group's overflow goes
 //!    where its earlier overflow went, so a hot document or system prompt
-//!    is copied onto the fewest replicas, the same ones from every proxy
-//!    (until stop 22 the overflow went along the key's walk, a different
-//!    replica per prompt; the suite's check half: TTFT p90 geometric mean
-//!    0.905x, hit rate +1.3 points, rag's p90 0.52-0.76x; docs/design.md).
+//!    is copied onto the fewest replicas, the same ones from every proxy.
 //!    A later turn whose group lies wholly in the preamble
 //!    ([`crate::Key::preamble_group`]: a system prompt or tools longer than
 //!    `key.prefix_bytes`) takes its key's walk instead: an application's preamble
 //!    is shared by all its conversations and soon held by every replica, so
-//!    its owner would otherwise take every conversation's later turns (the
-//!    suite's multi-turn and agentic workloads: TTFT p90 several times the
-//!    plain ring's); its first turn still goes to the group's owner, where
+//!    its owner would otherwise take every conversation's later turns; its
+//!    first turn still goes to the group's owner, where
 //!    single prompts sharing the preamble meet.
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
@@ -67,14 +63,9 @@
 //!    turn over `o`'s bound takes plain bounded loads ([`Ring::place`]):
 //!    nothing then moves the conversation's later turns off `o`, so the
 //!    bound decides; under it, `q_o` is this proxy's own requests waiting
-//!    at `o` and step 3 prices it. Until stop 32 such a first turn stayed:
-//!    behind vLLM, whose streams carry no ORCA, a first turn never
-//!    weighed a queue. Suite, this against that: with no reports TTFT p90
-//!    0.82x (tune) and 0.94x (check) at -1.2 and -1.3 points of hit rate
-//!    (shared-prefix and bursty spread their groups); with ORCA as
-//!    delivered (a candidate without a fresh report counts the proxy's own
-//!    part too) 0.98x and
-//!    0.96x, +0.1 and +0.15 points (rag overload with 4 proxies 0.58x).
+//!    at `o` and step 3 prices it (behind vLLM, whose streams carry no
+//!    ORCA, this proxy's own waiting requests are the only queue a first
+//!    turn can weigh).
 //!
 //! Ties go to the earlier candidate.
 //!
@@ -89,10 +80,19 @@
 //! not. A later turn's queue is the replica's report alone, which every
 //! proxy that heard it weighs alike; a first turn's adds this proxy's own
 //! part live, closer to the replica's queue than an old report (with
-//! ORCA, older the more proxies there are). Suite (ORCA as delivered, at
-//! `fe97da6`): the report alone for later turns against both for every
-//! turn, TTFT p90 1.000x (tune) and 1.006x (check), hit rate +0.01 and
-//! +0.14 points. No prefix index, no gossip, no state per key.
+//! ORCA, older the more proxies there are). No prefix index, no gossip,
+//! no state per key. The measurements behind each step: docs/design.md.
+//!
+//! ## Trade-offs
+//! - Placement is by hash, not by load: with few conversations some
+//!   replicas own more than their share (a multinomial draw), and only a
+//!   queue, which every proxy sees alike, moves their later turns.
+//! - No memory of a spill: a first turn moved off `o` leaves its
+//!   conversation's next turn to come back to `o`, which must prefill it.
+//! - The price reads `service_s` and `prefill_tokens_per_s` only as their
+//!   product: both sides are prefill tokens, a queued request priced at
+//!   `service_s x prefill_tokens_per_s` of them (8,000 by default) against
+//!   the prompt's `prompt bytes / bytes_per_token`.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per

@@ -49,6 +49,8 @@ pub struct Params {
     pub cost: String,
     /// `service_s=X` (`cost.service_s`).
     pub service_s: f64,
+    /// `tps=X` (`cost.prefill_tokens_per_s`).
+    pub prefill_tps: f64,
 }
 
 impl Default for Params {
@@ -64,6 +66,7 @@ impl Default for Params {
             use_reports: Reports::On,
             cost: d.cost.mode,
             service_s: d.cost.service_s,
+            prefill_tps: d.cost.prefill_tokens_per_s,
         }
     }
 }
@@ -87,6 +90,7 @@ impl Params {
                 }
                 "cost" => p.cost = v.clone(),
                 "s" | "service_s" => p.service_s = num(k, v)?,
+                "tps" | "prefill_tokens_per_s" => p.prefill_tps = num(k, v)?,
                 "reports" => {
                     p.use_reports = match v.as_str() {
                         "off" => Reports::Off,
@@ -146,6 +150,7 @@ impl Params {
         raw.key.prefix_bytes = self.prefix_bytes;
         raw.cost.mode = self.cost.clone();
         raw.cost.service_s = self.service_s;
+        raw.cost.prefill_tokens_per_s = self.prefill_tps;
         raw.compile()
             .map_err(|e| SpecError(format!("prefix-router: {e}")))
     }
