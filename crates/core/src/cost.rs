@@ -19,7 +19,8 @@
 //!    with `queue = "tokens"` (the default): this proxy's pending uncached
 //!    prefill tokens at `h` plus the waiting requests `h` reports beyond
 //!    this proxy's own in flight, each priced at `service_s` of prefill
-//!    ([`pending_with_report`]), over `prefill_tokens_per_s`, plus
+//!    (or, with load gossip, the other Envoys' pending tokens there if
+//!    more: [`pending_with_peers`]), over `prefill_tokens_per_s`, plus
 //!    `inflight_s` per request of this proxy's in flight there; with
 //!    `queue = "requests"`, `load_h x service_s` ([`HostLoad::effective`]).
 //! 3. **Choose** the smallest estimate; estimates within [`EPSILON_S`] are
