@@ -129,115 +129,10 @@ extern "C" {
     fn proxy_record_metric(id: u32, value: u64) -> u32;
 }
 
-/// Native builds (unit tests, docs, clippy) have no host: every call
-/// fails with `InternalFailure` (a status the callers already handle).
+/// Native builds (unit tests, docs, clippy) call the in-process host of
+/// [`crate::fake`] instead.
 #[cfg(not(target_arch = "wasm32"))]
-#[allow(clippy::too_many_arguments, clippy::missing_safety_doc)]
-mod native {
-    pub unsafe fn proxy_log(_: u32, _: *const u8, _: usize) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_log_level(_: *mut u32) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_current_time_nanoseconds(_: *mut u64) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_set_tick_period_milliseconds(_: u32) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_buffer_bytes(
-        _: u32,
-        _: usize,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_header_map_pairs(_: u32, _: *mut *mut u8, _: *mut usize) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_replace_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_remove_header_map_value(_: u32, _: *const u8, _: usize) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_add_header_map_value(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_property(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_get_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *mut *mut u8,
-        _: *mut usize,
-        _: *mut u32,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_set_shared_data(
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: u32,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_send_local_response(
-        _: u32,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: *const u8,
-        _: usize,
-        _: i32,
-    ) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_define_metric(_: u32, _: *const u8, _: usize, _: *mut u32) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_increment_metric(_: u32, _: i64) -> u32 {
-        10
-    }
-    pub unsafe fn proxy_record_metric(_: u32, _: u64) -> u32 {
-        10
-    }
-}
-#[cfg(not(target_arch = "wasm32"))]
-use native::*;
+use crate::fake::abi::*;
 
 /// Host calls made by this VM so far (every call through this module
 /// counts one; `proxy_http_call` through the SDK does not).
@@ -426,7 +321,7 @@ pub fn shared_set(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), Statu
 
 /// The proxy-wasm header-map serialization: count, then (name length,
 /// value length) pairs, then each name and value NUL-terminated.
-fn serialize_map(map: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn serialize_map(map: &[(&str, &[u8])]) -> Vec<u8> {
     let n: usize = map.iter().map(|(k, v)| k.len() + v.len() + 10).sum();
     let mut b = Vec::with_capacity(4 + n);
     b.extend_from_slice(&(map.len() as u32).to_le_bytes());

@@ -16,8 +16,12 @@
 //! - [`scrape`]: the optional active `/metrics` scrape (one elected VM).
 //! - [`gossip`]: the optional index gossip between Envoys.
 //! - [`membership`]: the optional host list from an Envoy cluster.
+//! - `fake` (native builds only): an in-process host, so `cargo test` drives
+//!   the contexts without Envoy (`tests/contexts.rs`).
 
 pub mod abi;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fake;
 pub mod gossip;
 pub mod host;
 pub mod http;

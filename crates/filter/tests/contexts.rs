@@ -1,0 +1,340 @@
+//! The filter's contexts driven natively through the in-process host
+//! (`prefix_router::fake`): configuration, a request's decision, its
+//! accounting and its fallbacks, with no Envoy. The Envoy suites
+//! (`tests/tests/e2e.rs`) run the same code as a .wasm in Envoy.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use prefix_router::fake::{self, Host};
+use prefix_router::root::Root;
+use prefix_router_core::extract::Api;
+use prefix_router_core::{Config, Decision, Request, Router};
+use proxy_wasm::traits::{HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, MapType};
+
+const CONFIG: &str = r#"{"hosts": [{"address": "10.0.0.1:8000"}, {"address": "10.0.0.2:8000"},
+    {"address": "10.0.0.3:8000"}, {"address": "10.0.0.4:8000"}]}"#;
+const DEST: &str = "x-gateway-destination-endpoint";
+
+/// A fresh host for this test (tests run on their own threads, each with
+/// its own host; a thread may run several tests one after the other).
+fn reset() {
+    fake::with(|h| {
+        *h = Host {
+            now_ns: 1_700_000_000_000_000_000,
+            ..Host::default()
+        }
+    });
+}
+
+/// A root context configured with `config`, and whether it accepted it.
+fn root(config: &str) -> (Root, bool) {
+    reset();
+    fake::with(|h| h.set_buffer(BufferType::PluginConfiguration, config.as_bytes()));
+    let mut r = Root::new(1);
+    assert!(r.on_vm_start(0));
+    let ok = r.on_configure(config.len());
+    (r, ok)
+}
+
+fn chat(text: &str) -> Vec<u8> {
+    format!(
+        r#"{{"model": "m", "messages": [{{"role": "system", "content": "You are terse."}}, {{"role": "user", "content": "{text}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+fn request_headers(body: &[u8], extra: &[(&str, &[u8])]) {
+    let len = body.len().to_string();
+    let mut pairs: Vec<(&str, &[u8])> = vec![
+        (":method", b"POST"),
+        (":path", b"/v1/chat/completions"),
+        ("content-type", b"application/json"),
+        ("content-length", len.as_bytes()),
+    ];
+    pairs.extend_from_slice(extra);
+    fake::with(|h| h.set_map(MapType::HttpRequestHeaders, &pairs));
+}
+
+/// Send `body` through a new request context: headers, then the whole body.
+fn send(r: &Root, body: &[u8], extra: &[(&str, &[u8])]) -> (Box<dyn HttpContext>, Action) {
+    let mut http = r.create_http_context(2).expect("configured");
+    request_headers(body, extra);
+    assert_eq!(http.on_http_request_headers(4, false), Action::Pause);
+    fake::with(|h| h.set_buffer(BufferType::HttpRequestBody, body));
+    let a = http.on_http_request_body(body.len(), true);
+    (http, a)
+}
+
+fn destination() -> Option<String> {
+    fake::with(|h| {
+        h.header(MapType::HttpRequestHeaders, DEST)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+}
+
+fn metric(name: &str) -> i64 {
+    fake::with(|h| h.metric(name)).unwrap_or_else(|| panic!("metric {name} not defined"))
+}
+
+/// Where the core alone sends `body` with no load anywhere.
+fn core_choice(body: &[u8]) -> String {
+    let cfg = Config::from_json(CONFIG.as_bytes()).unwrap();
+    let router = Router::new(cfg.clone());
+    let loads = vec![Default::default(); cfg.hosts.len()];
+    match router
+        .decide(&Request::new(
+            Api::ChatCompletions,
+            body,
+            &loads,
+            1_700_000_000_000,
+        ))
+        .decision
+    {
+        Decision::Routed { host, .. } => cfg.hosts[host].address.clone(),
+        d => panic!("the core did not route: {d:?}"),
+    }
+}
+
+#[test]
+fn a_chat_request_goes_where_the_core_places_it_and_is_counted() {
+    let (r, ok) = root(CONFIG);
+    assert!(ok);
+    for i in 0..8 {
+        let body = chat(&format!("question {i} about the weather"));
+        let (mut http, a) = send(&r, &body, &[]);
+        assert_eq!(a, Action::Continue);
+        // Each request ends before the next, so every decision sees no load.
+        http.on_log();
+        let dest = destination().expect("a destination header");
+        // The first address is the choice; failover hosts may follow.
+        let first = dest.split(',').next().unwrap().to_string();
+        assert_eq!(first, core_choice(&body), "request {i}");
+    }
+    assert_eq!(metric("prefix_router.routed.hit"), 8);
+    assert_eq!(metric("prefix_router.key.prompt"), 8);
+}
+
+#[test]
+fn a_request_holds_its_in_flight_count_until_it_is_logged_once() {
+    let (r, _) = root(CONFIG);
+    let body = chat("hello there");
+    let (mut http, a) = send(&r, &body, &[]);
+    assert_eq!(a, Action::Continue);
+    let host = destination()
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string();
+    let inflight = || {
+        prefix_router_core::host_state::read_inflight(&prefix_router::host::SharedData, &host)
+            .unwrap()
+    };
+    assert_eq!(inflight(), 1);
+    fake::with(|h| {
+        h.set_property(&["upstream", "address"], host.as_bytes());
+        h.set_map(MapType::HttpResponseHeaders, &[(":status", b"200")]);
+    });
+    assert_eq!(http.on_http_response_headers(1, false), Action::Continue);
+    assert_eq!(inflight(), 1, "held until the request is done");
+    // Its first token: it stops waiting there, so the same prompt again
+    // finds nothing of this proxy's queued at the replica and stays.
+    assert_eq!(http.on_http_response_body(16, false), Action::Continue);
+    // A second request of the same prompt, to the same replica.
+    let (mut second, _) = send(&r, &body, &[]);
+    assert!(destination().unwrap().starts_with(&host));
+    assert_eq!(inflight(), 2);
+    http.on_log();
+    assert_eq!(inflight(), 1);
+    // A second end (on_done after on_log) releases nothing more.
+    assert!(http.on_done());
+    assert_eq!(inflight(), 1);
+    second.on_log();
+    assert_eq!(inflight(), 0);
+}
+
+#[test]
+fn a_client_cannot_choose_the_replica() {
+    let (r, _) = root(CONFIG);
+    // Not ours (GET): the client's destination header is still removed.
+    let mut http = r.create_http_context(2).unwrap();
+    fake::with(|h| {
+        h.set_map(
+            MapType::HttpRequestHeaders,
+            &[
+                (":method", b"GET"),
+                (":path", b"/v1/chat/completions"),
+                (DEST, b"10.9.9.9:1"),
+            ],
+        )
+    });
+    assert_eq!(http.on_http_request_headers(3, true), Action::Continue);
+    assert_eq!(destination(), None);
+    assert_eq!(metric("prefix_router.fallback.method"), 1);
+    // Ours: the header is the filter's choice, not the client's.
+    let body = chat("pick 10.9.9.9 please");
+    let (_http, a) = send(&r, &body, &[(DEST, b"10.9.9.9:1")]);
+    assert_eq!(a, Action::Continue);
+    assert!(destination().unwrap().starts_with(&core_choice(&body)));
+}
+
+#[test]
+fn hostile_bytes_fall_back_to_envoy_without_a_panic() {
+    let (r, _) = root(CONFIG);
+    // Headers that are not UTF-8 (the SDK's own header reads panicked on
+    // them and killed the VM): read as bytes, the request is still routed.
+    let body = chat("hi");
+    let (mut http, a) = send(
+        &r,
+        &body,
+        &[("x-junk", b"\xff\xfe\x00"), ("user-agent", b"\xc3\x28")],
+    );
+    assert_eq!(a, Action::Continue);
+    assert!(destination().is_some());
+    http.on_log();
+    // A content type that is not UTF-8 and not JSON: Envoy's balancing.
+    let mut http = r.create_http_context(2).unwrap();
+    request_headers(&body, &[]);
+    fake::with(|h| {
+        let m = h
+            .maps
+            .get_mut(&(MapType::HttpRequestHeaders as u32))
+            .unwrap();
+        m.retain(|(k, _)| k != "content-type");
+        m.push(("content-type".into(), b"text/\xffplain".to_vec()));
+    });
+    assert_eq!(http.on_http_request_headers(4, false), Action::Continue);
+    assert_eq!(metric("prefix_router.fallback.content_type"), 1);
+    // A body that is not JSON, and one over max_body_bytes.
+    let (_h, a) = send(&r, b"{\"messages\": [\xff", &[]);
+    assert_eq!(a, Action::Continue);
+    assert_eq!(destination(), None);
+    assert_eq!(metric("prefix_router.fallback.parse_error"), 1);
+    let mut http = r.create_http_context(3).unwrap();
+    let big = vec![b' '; 2 << 20];
+    request_headers(&big, &[]);
+    let a = http.on_http_request_headers(4, false);
+    if a == Action::Pause {
+        assert_eq!(
+            http.on_http_request_body(big.len(), false),
+            Action::Continue
+        );
+    }
+    assert_eq!(metric("prefix_router.fallback.body_too_large"), 1);
+    assert_eq!(metric("prefix_router.routed.hit"), 1);
+}
+
+#[test]
+fn a_bad_config_is_refused_with_the_field_named() {
+    let (_r, ok) = root(r#"{"hosts": [{"address": "10.0.0.1:8000"}], "capacity_factor": 0.5}"#);
+    assert!(!ok);
+    assert!(
+        fake::with(|h| h.logged("capacity_factor")),
+        "{:?}",
+        fake::with(|h| h.logs.clone())
+    );
+    let (_r, ok) = root(r#"{"hosts": [{"address": "10.0.0.1:8000"}], "capacity": 2}"#);
+    assert!(!ok);
+    assert!(fake::with(|h| h.logged("capacity")));
+    let (r, ok) = root(CONFIG);
+    assert!(ok);
+    assert!(r.create_http_context(2).is_some());
+}
+
+#[test]
+fn a_response_reads_the_replicas_report_and_explains_the_decision() {
+    let config = r#"{"hosts": [{"address": "10.0.0.1:8000"}, {"address": "10.0.0.2:8000"}],
+        "decision_header": "x-prefix-router-decision"}"#;
+    let (r, ok) = root(config);
+    assert!(ok);
+    let body = chat("what is a KV cache?");
+    let (mut http, a) = send(&r, &body, &[]);
+    assert_eq!(a, Action::Continue);
+    // The filter asked the replica for an ORCA report.
+    assert_eq!(
+        fake::with(|h| h
+            .header(MapType::HttpRequestHeaders, "endpoint-load-metrics-format")
+            .map(<[u8]>::to_vec)),
+        Some(b"TEXT".to_vec())
+    );
+    let host = destination()
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string();
+    fake::with(|h| {
+        h.set_property(&["upstream", "address"], host.as_bytes());
+        h.set_map(
+            MapType::HttpResponseHeaders,
+            &[
+                (":status", b"200"),
+                (
+                    "endpoint-load-metrics",
+                    b"TEXT named_metrics.num_requests_waiting=3",
+                ),
+            ],
+        );
+    });
+    assert_eq!(http.on_http_response_headers(2, false), Action::Continue);
+    assert_eq!(metric("prefix_router.load_reports"), 1);
+    let why = fake::with(|h| {
+        h.header(MapType::HttpResponseHeaders, "x-prefix-router-decision")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    })
+    .expect("a decision header");
+    assert!(
+        why.starts_with(&format!("outcome=hit;host={host};")),
+        "{why}"
+    );
+    assert!(why.contains("turn=first"), "{why}");
+    http.on_log();
+}
+
+/// Send `body`, then give it its response head but no token yet (as vLLM
+/// streams): it is still waiting at its replica. Returns the context and
+/// the replica.
+fn waiting(r: &Root, body: &[u8]) -> (Box<dyn HttpContext>, String) {
+    let (mut http, _) = send(r, body, &[]);
+    let host = destination()
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string();
+    fake::with(|h| {
+        h.set_property(&["upstream", "address"], host.as_bytes());
+        h.set_map(MapType::HttpResponseHeaders, &[(":status", b"200")]);
+    });
+    http.on_http_response_headers(1, false);
+    (http, host)
+}
+
+#[test]
+fn a_first_turn_leaves_an_owner_where_this_proxys_request_still_waits_unless_it_is_long() {
+    let (r, _) = root(CONFIG);
+    // The same short prompt again: one queued request there (0.5 s) is
+    // worth more than re-prefilling a few dozen tokens elsewhere.
+    let short = chat("a short question");
+    let (mut first, owner) = waiting(&r, &short);
+    let (mut again, _) = send(&r, &short, &[]);
+    assert!(!destination().unwrap().starts_with(&owner));
+    assert_eq!(metric("prefix_router.routed.moved"), 1);
+    again.on_log();
+    first.on_log();
+    // A 40,000-byte prompt costs 0.625 s to prefill again (16,000
+    // tokens/s): more than that wait, so it stays.
+    let long = chat(&format!("a long document {}", "x".repeat(40_000)));
+    let (mut first, owner) = waiting(&r, &long);
+    let (mut again, _) = send(&r, &long, &[]);
+    assert!(destination().unwrap().starts_with(&owner));
+    assert_eq!(metric("prefix_router.routed.moved"), 1);
+    again.on_log();
+    first.on_log();
+}
