@@ -78,7 +78,7 @@ pub const TEST_TRAP_HEADER: &str = "x-prefix-router-test-trap";
 
 /// Decisions in a row with no fresh report for their replica after which
 /// a VM logs, once per run of them, that the priced spill runs without
-/// reports ([`Http::note_reports`]).
+/// reports (`Http::note_reports`).
 pub const UNREPORTED_WARN: u32 = 100;
 
 /// One request.
