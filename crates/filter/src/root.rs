@@ -114,6 +114,23 @@ impl ReportTimes {
 pub const LOG_LEVEL_TTL_MS: u64 = 1000;
 
 impl State {
+    /// A fresh state over `router`.
+    pub fn new(router: Router, metrics: Metrics) -> State {
+        State {
+            router,
+            metrics,
+            memory_reported: Rc::new(std::cell::Cell::new(0)),
+            trend: std::cell::RefCell::new(Default::default()),
+            outbox: std::cell::RefCell::new(Default::default()),
+            others: std::cell::Cell::new(0),
+            others_at: std::cell::Cell::new(None),
+            log_level: std::cell::Cell::new(None),
+            reported_at: std::cell::RefCell::new(ReportTimes::default()),
+            asked_at: std::cell::RefCell::new(ReportTimes::default()),
+            unreported: std::cell::Cell::new(0),
+        }
+    }
+
     /// Whether host `i`'s report should be read at `now` (ms)
     /// ([`ReportTimes::due`]).
     pub fn report_due(&self, i: usize, now: u64) -> bool {
@@ -237,8 +254,6 @@ impl Root {
         };
         metrics.set_membership(&cfg, source);
         let state = Rc::new(State {
-            router: Router::new(cfg),
-            metrics,
             memory_reported: Rc::clone(&old.memory_reported),
             trend: std::cell::RefCell::new(
                 old.trend
@@ -253,11 +268,9 @@ impl Root {
                     .unwrap_or_default(),
             ),
             others: std::cell::Cell::new(old.others.get()),
-            others_at: std::cell::Cell::new(None),
             log_level: std::cell::Cell::new(old.log_level.get()),
-            reported_at: std::cell::RefCell::new(ReportTimes::default()),
-            asked_at: std::cell::RefCell::new(ReportTimes::default()),
             unreported: std::cell::Cell::new(old.unreported.get()),
+            ..State::new(Router::new(cfg), metrics)
         });
         self.state = Some(state);
     }
@@ -304,6 +317,187 @@ impl Root {
                 &format!("prefix-router: clearing the host table: {e:?}"),
             );
         }
+    }
+}
+
+impl Root {
+    /// Apply a validated config: its metrics, the shared index's host
+    /// list, the tick, and a new state for the requests that start from
+    /// now on. `false` (Envoy refuses the config) only if the tick cannot
+    /// be set.
+    fn configure(&mut self, cfg: Config) -> bool {
+        // Feature `test-one-bucket` only (e2e
+        // `shared_index_loses_no_update_under_two_workers`): one shared
+        // index bucket of 64 entries, so every write contends.
+        #[cfg(feature = "test-one-bucket")]
+        let cfg = {
+            let mut c = cfg;
+            c.cost.shared.buckets = 1;
+            c.cost.shared.bucket_entries = 64;
+            c
+        };
+        log_configured(&cfg);
+        let metrics = Metrics::define(&cfg);
+        if cfg.cost.enabled {
+            metrics.set(metrics.index_footprint, cfg.cost.shared.footprint_bytes());
+            reconcile_index_hosts(&cfg, &metrics);
+        }
+        let tick_ms = tick_period_ms(&cfg);
+        if tick_ms > 0 {
+            if let Err(e) = host::set_tick_period_ms(u32::try_from(tick_ms).unwrap_or(u32::MAX)) {
+                host::log(
+                    LogLevel::Error,
+                    &format!("prefix-router: cannot set the tick: {e:?}"),
+                );
+                return false;
+            }
+        }
+        self.tick_ms = tick_ms;
+        if cfg.scrape.is_some() {
+            // A lease identity unique enough per VM: the clock at configure
+            // time mixed with this root's id.
+            let t = crate::abi::now_ns().unwrap_or(0);
+            self.scraper.owner =
+                prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
+        }
+        let membership = cfg.membership.is_some();
+        metrics.set_membership(
+            &cfg,
+            if membership {
+                m::SOURCE_SEED
+            } else {
+                m::SOURCE_STATIC
+            },
+        );
+        self.seed = cfg.hosts.clone();
+        self.table_version = None;
+        self.poller = Poller::default();
+        let state = Rc::new(State::new(Router::new(cfg), metrics));
+        let now = host::now_ms().unwrap_or(0);
+        // The log level as of now, so that requests find it known.
+        if let Ok(l) = crate::abi::log_level() {
+            state.log_level.set(Some((l, now)));
+        }
+        crate::loads::refresh_others(&state, now);
+        // A reconfiguration replaces the state: take the old share
+        // of the memory gauge back.
+        if let Some(old) = self.state.replace(state) {
+            old.metrics.add(
+                old.metrics.vm_memory,
+                -i64::try_from(old.memory_reported.get()).unwrap_or(0),
+            );
+        }
+        if membership {
+            // A table other VMs (or the config before) stored: route
+            // over it at once rather than after the first poll.
+            match prefix_router_core::membership::read_table(&SharedData) {
+                Ok(Some(t)) => self.apply_table(&t),
+                Ok(None) => {}
+                Err(e) => host::log(
+                    LogLevel::Warn,
+                    &format!("prefix-router: reading the host table: {e:?}"),
+                ),
+            }
+        } else {
+            // `membership` off after a configuration with it: the
+            // prefix index named hosts by the table's slots.
+            Self::retire_table(&self.state);
+        }
+        true
+    }
+}
+
+/// One tick for the periodic jobs: the shortest of their periods (ms; 0:
+/// none is configured).
+fn tick_period_ms(cfg: &Config) -> u64 {
+    [
+        cfg.scrape.as_ref().map(|s| s.interval_ms),
+        cfg.gossip
+            .as_ref()
+            .filter(|g| !g.peers.is_empty())
+            .map(|g| g.interval_ms),
+        cfg.membership.as_ref().map(|m| m.interval_ms),
+        // The reported part of the bound's total load.
+        crate::loads::reports_configured(cfg).then_some(crate::loads::OTHERS_REFRESH_MS),
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(0)
+}
+
+/// The configuration's info lines.
+fn log_configured(cfg: &Config) {
+    host::log(
+        LogLevel::Info,
+        &format!(
+            "prefix-router: configured {} hosts, capacity_factor {}, min_capacity {}, {} vnodes/host, chunk {} bytes, key mode {:?}, max body {} bytes",
+            cfg.hosts.len(),
+            cfg.capacity_factor,
+            cfg.min_capacity,
+            cfg.vnodes,
+            cfg.chunk_bytes,
+            cfg.key.mode,
+            cfg.max_body_bytes
+        ),
+    );
+    if cfg.cost.enabled {
+        let sh = cfg.cost.shared;
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "prefix-router: cost rule on ({} candidates, queue {:?}), shared prefix index {} buckets x {} entries (<= {} bytes)",
+                cfg.cost.params.candidates,
+                cfg.cost.params.queue,
+                sh.buckets,
+                sh.bucket_entries,
+                sh.footprint_bytes()
+            ),
+        );
+    }
+    if let Some(g) = &cfg.gossip {
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "prefix-router: index gossip to {} peer(s) every {} ms through cluster {:?}, accepting at {:?}: {}",
+                g.peers.len(),
+                g.interval_ms,
+                g.cluster,
+                g.path,
+                g.accept
+            ),
+        );
+    }
+    if let Some(mc) = &cfg.membership {
+        host::log(
+            LogLevel::Info,
+            &format!(
+                "prefix-router: hosts from Envoy cluster {:?}, polling {:?} through cluster {:?} every {} ms ({} seed host(s))",
+                mc.cluster, mc.admin_path, mc.admin_cluster, mc.interval_ms, cfg.hosts.len()
+            ),
+        );
+    }
+}
+
+/// The shared prefix index names hosts by index: a different host list
+/// makes every entry meaningless, so it forgets them all.
+fn reconcile_index_hosts(cfg: &Config, metrics: &Metrics) {
+    let fp =
+        prefix_router_core::hash::hosts_fingerprint(cfg.hosts.iter().map(|h| h.address.as_str()));
+    let now = host::now_ms().unwrap_or(0);
+    match shared_index::reconcile_hosts(&SharedData, fp, cfg.hosts.len(), now) {
+        Ok(true) => {
+            metrics.inc(metrics.forget_hosts, 1);
+            host::log(
+                LogLevel::Info,
+                "prefix-router: the host list changed: the shared prefix index forgot every host",
+            );
+        }
+        Ok(false) => {}
+        Err(e) => host::log(
+            LogLevel::Warn,
+            &format!("prefix-router: checking the index's host list: {e:?}"),
+        ),
     }
 }
 
@@ -388,181 +582,7 @@ impl RootContext for Root {
             }
         };
         match Config::from_json(&bytes) {
-            Ok(cfg) => {
-                // Feature `test-one-bucket` only (e2e
-                // `shared_index_loses_no_update_under_two_workers`): one shared
-                // index bucket of 64 entries, so every write contends.
-                #[cfg(feature = "test-one-bucket")]
-                let cfg = {
-                    let mut c = cfg;
-                    c.cost.shared.buckets = 1;
-                    c.cost.shared.bucket_entries = 64;
-                    c
-                };
-                host::log(
-                    LogLevel::Info,
-                    &format!(
-                        "prefix-router: configured {} hosts, capacity_factor {}, min_capacity {}, {} vnodes/host, chunk {} bytes, key mode {:?}, max body {} bytes",
-                        cfg.hosts.len(),
-                        cfg.capacity_factor,
-                        cfg.min_capacity,
-                        cfg.vnodes,
-                        cfg.chunk_bytes,
-                        cfg.key.mode,
-                        cfg.max_body_bytes
-                    ),
-                );
-                let metrics = Metrics::define(&cfg);
-                if cfg.cost.enabled {
-                    let sh = cfg.cost.shared;
-                    host::log(
-                        LogLevel::Info,
-                        &format!(
-                            "prefix-router: cost rule on ({} candidates, queue {:?}), shared prefix index {} buckets x {} entries (<= {} bytes)",
-                            cfg.cost.params.candidates,
-                            cfg.cost.params.queue,
-                            sh.buckets,
-                            sh.bucket_entries,
-                            sh.footprint_bytes()
-                        ),
-                    );
-                    metrics.set(metrics.index_footprint, sh.footprint_bytes());
-                    // Entries name hosts by index: a different host list
-                    // makes every entry meaningless.
-                    let fp = prefix_router_core::hash::hosts_fingerprint(
-                        cfg.hosts.iter().map(|h| h.address.as_str()),
-                    );
-                    let now = host::now_ms().unwrap_or(0);
-                    match shared_index::reconcile_hosts(&SharedData, fp, cfg.hosts.len(), now) {
-                        Ok(true) => {
-                            metrics.inc(metrics.forget_hosts, 1);
-                            host::log(
-                                LogLevel::Info,
-                                "prefix-router: the host list changed: the shared prefix index forgot every host",
-                            );
-                        }
-                        Ok(false) => {}
-                        Err(e) => host::log(
-                            LogLevel::Warn,
-                            &format!("prefix-router: checking the index's host list: {e:?}"),
-                        ),
-                    }
-                }
-                if let Some(g) = &cfg.gossip {
-                    host::log(
-                        LogLevel::Info,
-                        &format!(
-                            "prefix-router: index gossip to {} peer(s) every {} ms through cluster {:?}, accepting at {:?}: {}",
-                            g.peers.len(),
-                            g.interval_ms,
-                            g.cluster,
-                            g.path,
-                            g.accept
-                        ),
-                    );
-                }
-                // One tick for the periodic jobs: the shortest period.
-                let tick_ms = [
-                    cfg.scrape.as_ref().map(|s| s.interval_ms),
-                    cfg.gossip
-                        .as_ref()
-                        .filter(|g| !g.peers.is_empty())
-                        .map(|g| g.interval_ms),
-                    cfg.membership.as_ref().map(|m| m.interval_ms),
-                    // The reported part of the bound's total load.
-                    crate::loads::reports_configured(&cfg)
-                        .then_some(crate::loads::OTHERS_REFRESH_MS),
-                ]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(0);
-                if tick_ms > 0 {
-                    if let Err(e) =
-                        host::set_tick_period_ms(u32::try_from(tick_ms).unwrap_or(u32::MAX))
-                    {
-                        host::log(
-                            LogLevel::Error,
-                            &format!("prefix-router: cannot set the tick: {e:?}"),
-                        );
-                        return false;
-                    }
-                }
-                self.tick_ms = tick_ms;
-                if cfg.scrape.is_some() {
-                    // A lease identity unique enough per VM: the clock at configure
-                    // time mixed with this root's id.
-                    let t = crate::abi::now_ns().unwrap_or(0);
-                    self.scraper.owner =
-                        prefix_router_core::hash::hash(&t.to_le_bytes(), u64::from(self.id)) | 1;
-                }
-                metrics.set_membership(
-                    &cfg,
-                    if cfg.membership.is_some() {
-                        m::SOURCE_SEED
-                    } else {
-                        m::SOURCE_STATIC
-                    },
-                );
-                self.seed = cfg.hosts.clone();
-                self.table_version = None;
-                self.poller = Poller::default();
-                let membership = cfg.membership.is_some();
-                if let Some(mc) = &cfg.membership {
-                    host::log(
-                        LogLevel::Info,
-                        &format!(
-                            "prefix-router: hosts from Envoy cluster {:?}, polling {:?} through cluster {:?} every {} ms ({} seed host(s))",
-                            mc.cluster, mc.admin_path, mc.admin_cluster, mc.interval_ms, cfg.hosts.len()
-                        ),
-                    );
-                }
-                let state = Rc::new(State {
-                    router: Router::new(cfg),
-                    metrics,
-                    memory_reported: Rc::new(std::cell::Cell::new(0)),
-                    trend: std::cell::RefCell::new(Default::default()),
-                    outbox: std::cell::RefCell::new(Default::default()),
-                    others: std::cell::Cell::new(0),
-                    others_at: std::cell::Cell::new(None),
-                    log_level: std::cell::Cell::new(None),
-                    reported_at: std::cell::RefCell::new(ReportTimes::default()),
-                    asked_at: std::cell::RefCell::new(ReportTimes::default()),
-                    unreported: std::cell::Cell::new(0),
-                });
-                let now = host::now_ms().unwrap_or(0);
-                // The log level as of now, so that requests find it known.
-                if let Ok(l) = crate::abi::log_level() {
-                    state.log_level.set(Some((l, now)));
-                }
-                crate::loads::refresh_others(&state, now);
-                // A reconfiguration replaces the state: take the old share
-                // of the memory gauge back.
-                if let Some(old) = self.state.replace(state) {
-                    old.metrics.add(
-                        old.metrics.vm_memory,
-                        -i64::try_from(old.memory_reported.get()).unwrap_or(0),
-                    );
-                }
-                // `membership` off after a configuration with it: the
-                // prefix index named hosts by the table's slots.
-                if !membership {
-                    Self::retire_table(&self.state);
-                }
-                // A table other VMs (or the config before) stored: route
-                // over it at once rather than after the first poll.
-                if membership {
-                    match prefix_router_core::membership::read_table(&SharedData) {
-                        Ok(Some(t)) => self.apply_table(&t),
-                        Ok(None) => {}
-                        Err(e) => host::log(
-                            LogLevel::Warn,
-                            &format!("prefix-router: reading the host table: {e:?}"),
-                        ),
-                    }
-                }
-                true
-            }
+            Ok(cfg) => self.configure(cfg),
             Err(e) => {
                 // Envoy rejects the filter config when this returns false.
                 host::log(LogLevel::Error, &format!("prefix-router: {e}"));

@@ -338,3 +338,30 @@ fn a_first_turn_leaves_an_owner_where_this_proxys_request_still_waits_unless_it_
     again.on_log();
     first.on_log();
 }
+
+#[test]
+fn the_tick_is_the_shortest_period_of_the_configured_jobs() {
+    let hosts = r#""hosts": [{"address": "10.0.0.1:8000"}]"#;
+    let no_reports = r#""load": {"orca_format": null, "queue_header": null}"#;
+    // Reports configured (the default ORCA): the loads' refresh, 100 ms.
+    let (_r, ok) = root(&format!("{{{hosts}}}"));
+    assert!(ok);
+    assert_eq!(fake::with(|h| h.tick_ms), Some(100));
+    // No report of any kind and no job: no tick at all.
+    let (_r, ok) = root(&format!("{{{hosts}, {no_reports}}}"));
+    assert!(ok);
+    assert_eq!(fake::with(|h| h.tick_ms), None);
+    // The scrape alone (a report source too): the shorter of its period
+    // and the refresh.
+    let (_r, ok) = root(&format!(
+        r#"{{{hosts}, {no_reports}, "scrape": {{"cluster": "llm", "interval_ms": 250, "timeout_ms": 200}}}}"#
+    ));
+    assert!(ok, "{:?}", fake::with(|h| h.logs.clone()));
+    assert_eq!(fake::with(|h| h.tick_ms), Some(100));
+    // Membership polling alone: its period.
+    let (_r, ok) = root(&format!(
+        r#"{{{hosts}, {no_reports}, "membership": {{"cluster": "llm", "interval_ms": 150}}}}"#
+    ));
+    assert!(ok, "{:?}", fake::with(|h| h.logs.clone()));
+    assert_eq!(fake::with(|h| h.tick_ms), Some(150));
+}
