@@ -365,3 +365,27 @@ fn the_tick_is_the_shortest_period_of_the_configured_jobs() {
     assert!(ok, "{:?}", fake::with(|h| h.logs.clone()));
     assert_eq!(fake::with(|h| h.tick_ms), Some(150));
 }
+
+#[test]
+fn a_replica_that_keeps_failing_is_ejected_and_its_requests_go_elsewhere() {
+    let (r, _) = root(CONFIG);
+    let body = chat("a question for a sick replica");
+    let sick = core_choice(&body);
+    // `health.failure_threshold` (5) failed responses in a row.
+    for i in 0..5 {
+        let (mut http, _) = send(&r, &body, &[]);
+        assert!(destination().unwrap().starts_with(&sick), "request {i}");
+        fake::with(|h| {
+            h.set_property(&["upstream", "address"], sick.as_bytes());
+            h.set_property(&["response", "code"], &503i64.to_le_bytes());
+            h.set_map(MapType::HttpResponseHeaders, &[(":status", b"503")]);
+        });
+        http.on_http_response_headers(1, true);
+        http.on_log();
+    }
+    assert_eq!(metric("prefix_router.health.ejections"), 1);
+    let (mut http, a) = send(&r, &body, &[]);
+    assert_eq!(a, Action::Continue);
+    assert!(!destination().unwrap().starts_with(&sick));
+    http.on_log();
+}
