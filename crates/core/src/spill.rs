@@ -57,7 +57,15 @@
 //! 4. **A first turn over its bound**: `o` gives way to the candidate under its bound
 //!    with the largest `(W_o - W_j) - held_s x q_j x u` if it is not
 //!    negative: against an idle candidate the bound decides, as in plain
-//!    bounded loads. If every candidate is over its bound: plain bounded
+//!    bounded loads. If none qualifies and the group has outgrown its
+//!    candidates (every candidate after `o` over its bound in the fleet
+//!    without `o`: `o`'s own pile must not raise that bar), the first
+//!    host past them on the walk, under its bound, with
+//!    `(W_o - W_j) - held_s x (1 + q_j) x u > 0` (it does not hold the
+//!    group, so the move pays its own re-prefill too); else `o` keeps it.
+//!    Without this, one key for all traffic (prompts sharing more than
+//!    `key.prefix_bytes`) piled onto its four candidates while the rest of
+//!    the fleet idled. If every candidate is over its bound: plain bounded
 //!    loads along the whole walk ([`Ring::place`]).
 //! 5. **No fresh report for `o`**: a later turn stays at `o`. A first
 //!    turn over `o`'s bound takes plain bounded loads ([`Ring::place`]):
@@ -97,7 +105,8 @@
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
 //! candidate ([`place_by`] asks about those hosts only, and about the rest
-//! of the walk only when every candidate is over its bound); the bound's
+//! of the walk only when every candidate is over its bound or the group
+//! has outgrown them: O(hosts) then, as plain bounded loads); the bound's
 //! total load comes in as one number ([`Hosts::total`]).
 
 use crate::ring::{Bound, Ring};
@@ -255,6 +264,51 @@ fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>, owner: usize) ->
         })
 }
 
+/// Whether a group has outgrown its candidates (step 5): every candidate
+/// after the owner is over its bound in the fleet without the owner (the
+/// owner's own pile must not raise the bar that says its overflow hosts
+/// are full).
+fn outgrown(
+    ring: &Ring,
+    total: u64,
+    bound: &Bound,
+    hosts: &Hosts<'_>,
+    cands: &[(usize, u32)],
+) -> bool {
+    let Some(&(owner, _)) = cands.first() else {
+        return false;
+    };
+    let rest = total.saturating_sub((hosts.load)(owner));
+    cands.len() > 1
+        && cands
+            .iter()
+            .skip(1)
+            .all(|&(j, _)| (hosts.load)(j) >= ring.capacity(j, rest, bound))
+}
+
+/// The first host on `walk_key`'s walk that is `open` and whose `net` (of
+/// its queue) is positive: (host, rank, net, its queue).
+fn beyond(
+    ring: &Ring,
+    walk_key: u64,
+    open: &dyn Fn(usize) -> bool,
+    queue: &dyn Fn(usize) -> Option<f64>,
+    net: impl Fn(f64) -> f64,
+) -> Option<(usize, u32, f64, f64)> {
+    for (rank, h) in ring.walk(walk_key).enumerate() {
+        if !open(h) {
+            continue;
+        }
+        let q = queue(h).unwrap_or(0.0).max(0.0);
+        let v = net(q);
+        if v > 0.0 {
+            // `as` is exact: a walk is at most the hosts long.
+            return Some((h, rank as u32, v, q));
+        }
+    }
+    None
+}
+
 /// Place `key` by the priced spill; `None` only if no host is eligible.
 pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Placed> {
     let hosts = Hosts {
@@ -367,6 +421,19 @@ pub fn place_by(
             best = Some((j, rank, net, q * x.service_s));
         }
     }
+    // Step 4, past the candidates: a first turn over its owner's bound
+    // that no candidate pays for, when the group has outgrown them.
+    let best = match best {
+        None if over && outgrown(ring, total, bound, hosts, &cands) => {
+            let open =
+                |h: usize| (hosts.eligible)(h) && under(h) && !cands.iter().any(|&(c, _)| c == h);
+            beyond(ring, x.group.unwrap_or(key), &open, &queue, |q| {
+                w_o - q * x.service_s - x.held_s * (1.0 + q) * u
+            })
+            .map(|(h, r, v, q)| (h, r, v, q * x.service_s))
+        }
+        b => b,
+    };
     let best = match best {
         Some(b) => b,
         None if !owner_over || any_under => (owner, owner_rank, 0.0, w_o),
@@ -425,6 +492,59 @@ mod tests {
             group: None,
             first_turn: true,
         }
+    }
+
+    /// One key for all traffic (e.g. `/v1/completions` prompts sharing
+    /// more than `key.prefix_bytes`): its owner and the three candidates
+    /// after it are full and queued, four replicas idle.
+    fn outgrown_fleet(
+        r: &Ring,
+        key: u64,
+        rest_load: u64,
+        rest_queue: f64,
+    ) -> (Vec<u64>, Vec<Option<f64>>) {
+        let w = order(r, key);
+        let mut loads = vec![rest_load; 8];
+        let mut queues = vec![Some(rest_queue); 8];
+        loads[w[0]] = 300;
+        queues[w[0]] = Some(290.0);
+        for &j in &w[1..4] {
+            loads[j] = 60;
+            queues[j] = Some(50.0);
+        }
+        (loads, queues)
+    }
+
+    #[test]
+    fn a_group_that_outgrew_its_candidates_overflows_to_an_idle_host_past_them() {
+        let r = ring(8);
+        let key = 42;
+        let w = order(&r, key);
+        let eligible = [true; 8];
+        // The candidates are under their bound (the owner's pile raises
+        // the fleet's mean) but over it in the fleet without the owner.
+        // Idle hosts past them: the first on the walk takes it (the wait
+        // saved, 145 s, pays re-prefilling 3 s there).
+        let (loads, queues) = outgrown_fleet(&r, key, 0, 0.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &queues, &eligible, 3.0)).unwrap();
+        assert_eq!(p.host, w[4]);
+        assert_eq!(p.rank, 4);
+        assert_eq!(p.why, Why::Bound);
+        // No candidate pays for it: each is queued 50 deep (a miss there
+        // delays them 3 s x 50 x u, more than the 120 s saved). Hosts
+        // past them as loaded and queued: the owner keeps it (the fleet
+        // is saturated; hits are capacity).
+        let (loads, queues) = outgrown_fleet(&r, key, 60, 50.0);
+        let p = place(&r, key, &bound(), &inputs(&loads, &queues, &eligible, 3.0)).unwrap();
+        assert_eq!((p.host, p.why), (w[0], Why::Owner));
+        // A later turn never goes past the candidates.
+        let (loads, queues) = outgrown_fleet(&r, key, 0, 0.0);
+        let later = Inputs {
+            first_turn: false,
+            ..inputs(&loads, &queues, &eligible, 3.0)
+        };
+        let p = place(&r, key, &bound(), &later).unwrap();
+        assert_eq!(p.host, w[0]);
     }
 
     #[test]
