@@ -210,13 +210,8 @@ pub mod abi {
         value: *const u8,
         value_size: usize,
     ) -> u32 {
-        let (k, v) = (text(key, key_size), slice(value, value_size).to_vec());
-        with(|h| {
-            let m = h.maps.entry(map).or_default();
-            m.retain(|(n, _)| !n.eq_ignore_ascii_case(&k));
-            m.push((k, v));
-        });
-        OK
+        proxy_remove_header_map_value(map, key, key_size);
+        proxy_add_header_map_value(map, key, key_size, value, value_size)
     }
     pub unsafe fn proxy_remove_header_map_value(map: u32, key: *const u8, key_size: usize) -> u32 {
         let k = text(key, key_size);
@@ -354,302 +349,53 @@ pub mod abi {
 mod sdk {
     use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status, StreamType};
 
-    #[no_mangle]
-    pub extern "C" fn proxy_log(
-        _level: LogLevel,
-        _message_data: *const u8,
-        _message_size: usize,
-    ) -> Status {
-        Status::InternalFailure
+    /// `fn name(types..);` -> an exported stub answering `InternalFailure`.
+    macro_rules! stubs {
+        ($(fn $name:ident($($t:ty),* $(,)?);)*) => {$(
+            #[no_mangle]
+            pub extern "C" fn $name($(_: $t),*) -> Status {
+                Status::InternalFailure
+            }
+        )*};
     }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_log_level(_return_level: *mut LogLevel) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_current_time_nanoseconds(_return_time: *mut u64) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_tick_period_milliseconds(_period: u32) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_buffer_bytes(
-        _buffer_type: BufferType,
-        _start: usize,
-        _max_size: usize,
-        _return_buffer_data: *mut *mut u8,
-        _return_buffer_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_buffer_bytes(
-        _buffer_type: BufferType,
-        _start: usize,
-        _size: usize,
-        _buffer_data: *const u8,
-        _buffer_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_header_map_pairs(
-        _map_type: MapType,
-        _return_map_data: *mut *mut u8,
-        _return_map_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_header_map_pairs(
-        _map_type: MapType,
-        _map_data: *const u8,
-        _map_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_header_map_value(
-        _map_type: MapType,
-        _key_data: *const u8,
-        _key_size: usize,
-        _return_value_data: *mut *mut u8,
-        _return_value_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_remove_header_map_value(
-        _map_type: MapType,
-        _key_data: *const u8,
-        _key_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_replace_header_map_value(
-        _map_type: MapType,
-        _key_data: *const u8,
-        _key_size: usize,
-        _value_data: *const u8,
-        _value_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_add_header_map_value(
-        _map_type: MapType,
-        _key_data: *const u8,
-        _key_size: usize,
-        _value_data: *const u8,
-        _value_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_property(
-        _path_data: *const u8,
-        _path_size: usize,
-        _return_value_data: *mut *mut u8,
-        _return_value_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_property(
-        _path_data: *const u8,
-        _path_size: usize,
-        _value_data: *const u8,
-        _value_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_shared_data(
-        _key_data: *const u8,
-        _key_size: usize,
-        _return_value_data: *mut *mut u8,
-        _return_value_size: *mut usize,
-        _return_cas: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_shared_data(
-        _key_data: *const u8,
-        _key_size: usize,
-        _value_data: *const u8,
-        _value_size: usize,
-        _cas: u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_register_shared_queue(
-        _name_data: *const u8,
-        _name_size: usize,
-        _return_id: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_resolve_shared_queue(
-        _vm_id_data: *const u8,
-        _vm_id_size: usize,
-        _name_data: *const u8,
-        _name_size: usize,
-        _return_id: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_dequeue_shared_queue(
-        _queue_id: u32,
-        _return_value_data: *mut *mut u8,
-        _return_value_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_enqueue_shared_queue(
-        _queue_id: u32,
-        _value_data: *const u8,
-        _value_size: usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_continue_stream(_stream_type: StreamType) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_close_stream(_stream_type: StreamType) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_send_local_response(
-        _status_code: u32,
-        _status_code_details_data: *const u8,
-        _status_code_details_size: usize,
-        _body_data: *const u8,
-        _body_size: usize,
-        _headers_data: *const u8,
-        _headers_size: usize,
-        _grpc_status: i32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_http_call(
-        _upstream_data: *const u8,
-        _upstream_size: usize,
-        _headers_data: *const u8,
-        _headers_size: usize,
-        _body_data: *const u8,
-        _body_size: usize,
-        _trailers_data: *const u8,
-        _trailers_size: usize,
-        _timeout: u32,
-        _return_token: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_grpc_call(
-        _upstream_data: *const u8,
-        _upstream_size: usize,
-        _service_name_data: *const u8,
-        _service_name_size: usize,
-        _method_name_data: *const u8,
-        _method_name_size: usize,
-        _initial_metadata_data: *const u8,
-        _initial_metadata_size: usize,
-        _message_data_data: *const u8,
-        _message_data_size: usize,
-        _timeout: u32,
-        _return_callout_id: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_grpc_stream(
-        _upstream_data: *const u8,
-        _upstream_size: usize,
-        _service_name_data: *const u8,
-        _service_name_size: usize,
-        _method_name_data: *const u8,
-        _method_name_size: usize,
-        _initial_metadata_data: *const u8,
-        _initial_metadata_size: usize,
-        _return_stream_id: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_grpc_send(
-        _token: u32,
-        _message_ptr: *const u8,
-        _message_len: usize,
-        _end_stream: bool,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_grpc_cancel(_token_id: u32) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_grpc_close(_token_id: u32) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_status(
-        _return_code: *mut u32,
-        _return_message_data: *mut *mut u8,
-        _return_message_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_set_effective_context(_context_id: u32) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_call_foreign_function(
-        _function_name_data: *const u8,
-        _function_name_size: usize,
-        _arguments_data: *const u8,
-        _arguments_size: usize,
-        _results_data: *mut *mut u8,
-        _results_size: *mut usize,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_done() -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_define_metric(
-        _metric_type: MetricType,
-        _name_data: *const u8,
-        _name_size: usize,
-        _return_id: *mut u32,
-    ) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_get_metric(_metric_id: u32, _return_value: *mut u64) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_record_metric(_metric_id: u32, _value: u64) -> Status {
-        Status::InternalFailure
-    }
-    #[no_mangle]
-    pub extern "C" fn proxy_increment_metric(_metric_id: u32, _offset: i64) -> Status {
-        Status::InternalFailure
+
+    stubs! {
+        fn proxy_log(LogLevel, *const u8, usize);
+        fn proxy_get_log_level(*mut LogLevel);
+        fn proxy_get_current_time_nanoseconds(*mut u64);
+        fn proxy_set_tick_period_milliseconds(u32);
+        fn proxy_get_buffer_bytes(BufferType, usize, usize, *mut *mut u8, *mut usize);
+        fn proxy_set_buffer_bytes(BufferType, usize, usize, *const u8, usize);
+        fn proxy_get_header_map_pairs(MapType, *mut *mut u8, *mut usize);
+        fn proxy_set_header_map_pairs(MapType, *const u8, usize);
+        fn proxy_get_header_map_value(MapType, *const u8, usize, *mut *mut u8, *mut usize);
+        fn proxy_remove_header_map_value(MapType, *const u8, usize);
+        fn proxy_replace_header_map_value(MapType, *const u8, usize, *const u8, usize);
+        fn proxy_add_header_map_value(MapType, *const u8, usize, *const u8, usize);
+        fn proxy_get_property(*const u8, usize, *mut *mut u8, *mut usize);
+        fn proxy_set_property(*const u8, usize, *const u8, usize);
+        fn proxy_get_shared_data(*const u8, usize, *mut *mut u8, *mut usize, *mut u32);
+        fn proxy_set_shared_data(*const u8, usize, *const u8, usize, u32);
+        fn proxy_register_shared_queue(*const u8, usize, *mut u32);
+        fn proxy_resolve_shared_queue(*const u8, usize, *const u8, usize, *mut u32);
+        fn proxy_dequeue_shared_queue(u32, *mut *mut u8, *mut usize);
+        fn proxy_enqueue_shared_queue(u32, *const u8, usize);
+        fn proxy_continue_stream(StreamType);
+        fn proxy_close_stream(StreamType);
+        fn proxy_send_local_response(u32, *const u8, usize, *const u8, usize, *const u8, usize, i32);
+        fn proxy_http_call(*const u8, usize, *const u8, usize, *const u8, usize, *const u8, usize, u32, *mut u32);
+        fn proxy_grpc_call(*const u8, usize, *const u8, usize, *const u8, usize, *const u8, usize, *const u8, usize, u32, *mut u32);
+        fn proxy_grpc_stream(*const u8, usize, *const u8, usize, *const u8, usize, *const u8, usize, *mut u32);
+        fn proxy_grpc_send(u32, *const u8, usize, bool);
+        fn proxy_grpc_cancel(u32);
+        fn proxy_grpc_close(u32);
+        fn proxy_get_status(*mut u32, *mut *mut u8, *mut usize);
+        fn proxy_set_effective_context(u32);
+        fn proxy_call_foreign_function(*const u8, usize, *const u8, usize, *mut *mut u8, *mut usize);
+        fn proxy_done();
+        fn proxy_define_metric(MetricType, *const u8, usize, *mut u32);
+        fn proxy_get_metric(u32, *mut u64);
+        fn proxy_record_metric(u32, u64);
+        fn proxy_increment_metric(u32, i64);
     }
 }

@@ -78,6 +78,24 @@ fn destination() -> Option<String> {
     })
 }
 
+/// The first address of the destination header: the filter's choice.
+fn chosen() -> String {
+    destination()
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The response's head: `host` served it, with these headers.
+fn served_by(host: &str, headers: &[(&str, &[u8])]) {
+    fake::with(|h| {
+        h.set_property(&["upstream", "address"], host.as_bytes());
+        h.set_map(MapType::HttpResponseHeaders, headers);
+    });
+}
+
 fn metric(name: &str) -> i64 {
     fake::with(|h| h.metric(name)).unwrap_or_else(|| panic!("metric {name} not defined"))
 }
@@ -126,21 +144,13 @@ fn a_request_holds_its_in_flight_count_until_it_is_logged_once() {
     let body = chat("hello there");
     let (mut http, a) = send(&r, &body, &[]);
     assert_eq!(a, Action::Continue);
-    let host = destination()
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
+    let host = chosen();
     let inflight = || {
         prefix_router_core::host_state::read_inflight(&prefix_router::host::SharedData, &host)
             .unwrap()
     };
     assert_eq!(inflight(), 1);
-    fake::with(|h| {
-        h.set_property(&["upstream", "address"], host.as_bytes());
-        h.set_map(MapType::HttpResponseHeaders, &[(":status", b"200")]);
-    });
+    served_by(&host, &[(":status", b"200")]);
     assert_eq!(http.on_http_response_headers(1, false), Action::Continue);
     assert_eq!(inflight(), 1, "held until the request is done");
     // Its first token: it stops waiting there, so the same prompt again
@@ -263,25 +273,17 @@ fn a_response_reads_the_replicas_report_and_explains_the_decision() {
             .map(<[u8]>::to_vec)),
         Some(b"TEXT".to_vec())
     );
-    let host = destination()
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
-    fake::with(|h| {
-        h.set_property(&["upstream", "address"], host.as_bytes());
-        h.set_map(
-            MapType::HttpResponseHeaders,
-            &[
-                (":status", b"200"),
-                (
-                    "endpoint-load-metrics",
-                    b"TEXT named_metrics.num_requests_waiting=3",
-                ),
-            ],
-        );
-    });
+    let host = chosen();
+    served_by(
+        &host,
+        &[
+            (":status", b"200"),
+            (
+                "endpoint-load-metrics",
+                b"TEXT named_metrics.num_requests_waiting=3",
+            ),
+        ],
+    );
     assert_eq!(http.on_http_response_headers(2, false), Action::Continue);
     assert_eq!(metric("prefix_router.load_reports"), 1);
     let why = fake::with(|h| {
@@ -302,16 +304,8 @@ fn a_response_reads_the_replicas_report_and_explains_the_decision() {
 /// the replica.
 fn waiting(r: &Root, body: &[u8]) -> (Box<dyn HttpContext>, String) {
     let (mut http, _) = send(r, body, &[]);
-    let host = destination()
-        .unwrap()
-        .split(',')
-        .next()
-        .unwrap()
-        .to_string();
-    fake::with(|h| {
-        h.set_property(&["upstream", "address"], host.as_bytes());
-        h.set_map(MapType::HttpResponseHeaders, &[(":status", b"200")]);
-    });
+    let host = chosen();
+    served_by(&host, &[(":status", b"200")]);
     http.on_http_response_headers(1, false);
     (http, host)
 }
