@@ -264,7 +264,7 @@ fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>, owner: usize) ->
         })
 }
 
-/// Whether a group has outgrown its candidates (step 5): every candidate
+/// Whether a group has outgrown its candidates (step 4): every candidate
 /// after the owner is over its bound in the fleet without the owner (the
 /// owner's own pile must not raise the bar that says its overflow hosts
 /// are full).
