@@ -43,9 +43,10 @@ target/prefix_router.wasm, written by ./build.sh wasm, and cargo's
 target/wasm32-wasip1/release/prefix_router.wasm), PREFIX_ROUTER_LAB_KEEP=1 keeps the logs in .lab/.";
 
 const DEMO_ABOUT: &str = "\
-Starts 4 backend simulators + Envoy with the prefix-router filter (envoy/envoy.yaml), runs a
-multi-turn chat workload through it, then does the same with fresh backends behind Envoy with
-plain round robin (envoy/envoy-round-robin.yaml), and prints both side by side.
+Starts 4 backend simulators (--backends) + Envoy with the prefix-router filter
+(envoy/envoy.yaml), runs a multi-turn chat workload through it, then does the same with fresh
+backends behind Envoy with plain round robin (envoy/envoy-round-robin.yaml), and prints both side
+by side.
 
 The defaults are a document chat under cache pressure: every conversation opens with a 6-10 KB
 document (~2k tokens) and asks about it over 6 turns, users pause 0.2-4 s between turns, and each
@@ -175,6 +176,9 @@ struct DemoArgs {
     /// Conversations open at once (the default: all)
     #[arg(long, value_name = "N", default_value_t = WorkloadOptions::default().concurrency)]
     concurrency: usize,
+    /// Backend simulators (replicas)
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = at_least_one)]
+    backends: usize,
     /// Backend --time-scale (smaller = faster)
     #[arg(long, value_name = "X", default_value_t = BackendOptions::default().time_scale)]
     time_scale: f64,
@@ -260,6 +264,8 @@ struct Demo {
     load_gossip: bool,
     /// `--sharegpt`: real users' turns.
     sharegpt: Option<std::path::PathBuf>,
+    /// `--backends`: replicas per column.
+    backends: usize,
 }
 
 impl DemoArgs {
@@ -298,6 +304,7 @@ impl DemoArgs {
             also: self.also.clone().map(FilterConfig::Patched),
             sglang: self.sglang.clone(),
             proxies: self.proxies,
+            backends: self.backends,
             gossip,
             load_gossip: self.load_gossip,
             sharegpt: self.sharegpt.clone(),
@@ -445,7 +452,8 @@ fn run_one(
 ) -> Result<Report, String> {
     let n = args.proxies.max(1);
     println!(
-        "== {label}: starting 4 backends (KV cache {} tokens each) + {n} Envoy{} ({})",
+        "== {label}: starting {} backends (KV cache {} tokens each) + {n} Envoy{} ({})",
+        args.backends,
         args.backend.cache_tokens,
         if n == 1 { "" } else { "s" },
         mode.template_path().display()
@@ -458,7 +466,7 @@ fn run_one(
                 .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
                 .collect::<String>()
         ),
-        backends: 4,
+        backends: args.backends,
         backend: args.backend.clone(),
         envoy: (n == 1).then(|| EnvoyOptions {
             mode,
@@ -568,18 +576,19 @@ fn print_done(report: &Report) {
     );
 }
 
-/// The workload through sglang-router with `policy`, in front of 4 fresh backends.
+/// The workload through sglang-router with `policy`, in front of `--backends` fresh backends.
 fn run_sglang(policy: &str, args: &Demo, workload: &Workload) -> Result<Report, String> {
     let label = format!("sglang-router {policy}");
     println!(
-        "== {label}: starting 4 backends (KV cache {} tokens each) + {} sglang-router{}",
+        "== {label}: starting {} backends (KV cache {} tokens each) + {} sglang-router{}",
+        args.backends,
         args.backend.cache_tokens,
         args.proxies.max(1),
         if args.proxies > 1 { "s" } else { "" }
     );
     let mut lab = Lab::start(&LabOptions {
         label: format!("demo-sglang-{}", policy.replace('_', "-")),
-        backends: 4,
+        backends: args.backends,
         backend: args.backend.clone(),
         envoy: None,
     })

@@ -191,6 +191,20 @@ pub struct SpillNote {
 }
 
 impl Decision {
+    /// The group of a later turn under an application preamble
+    /// ([`Key::preamble_group`]), for [`crate::spill::Preambles::note`]:
+    /// the preamble converses.
+    pub fn preamble_turn(&self) -> Option<u64> {
+        match self {
+            Decision::Routed {
+                key,
+                spill: Some(n),
+                ..
+            } if n.later && key.preamble_group => Some(key.group),
+            _ => None,
+        }
+    }
+
     /// `hit` (the key's ring owner), `moved` (the cost rule preferred a
     /// later candidate), `spill` (hosts before it on the walk were at
     /// their bound) or `fallback`.
@@ -310,6 +324,9 @@ pub struct Request<'a> {
     /// another key config), placed instead of the body's. With
     /// `cost.mode = "index"` the body is still read for the prompt's chain.
     pub key: Option<Key>,
+    /// `cost.mode = "spill"`: the application preambles this proxy has
+    /// seen carry later turns ([`crate::spill::Preambles`]; `None`: none).
+    pub preambles: Option<&'a crate::spill::Preambles>,
 }
 
 impl<'a> Request<'a> {
@@ -325,6 +342,7 @@ impl<'a> Request<'a> {
             index: None,
             params: None,
             key: None,
+            preambles: None,
         }
     }
 
@@ -353,6 +371,14 @@ impl<'a> Request<'a> {
     pub fn with_params(self, params: &'a CostParams) -> Request<'a> {
         Request {
             params: Some(params),
+            ..self
+        }
+    }
+
+    /// With the preambles this proxy saw converse ([`Request::preambles`]).
+    pub fn with_preambles(self, preambles: &'a crate::spill::Preambles) -> Request<'a> {
+        Request {
+            preambles: Some(preambles),
             ..self
         }
     }
@@ -673,7 +699,8 @@ impl Router {
                 let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
                 self.place_cost(key, &chain, v, index, req.now_ms, params)
             } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
-                self.place_spill(key, v)
+                let converses = req.preambles.is_some_and(|p| p.converses(key.group));
+                self.place_spill(key, converses, v)
             } else {
                 self.place_ring(key, v)
             }
@@ -745,8 +772,9 @@ impl Router {
         })
     }
 
-    /// The priced spill ([`crate::spill`]).
-    fn place_spill(&self, key: Key, v: &View<'_>) -> Option<Decision> {
+    /// The priced spill ([`crate::spill`]). `converses`: the key's group
+    /// is an application preamble this proxy saw carry later turns.
+    fn place_spill(&self, key: Key, converses: bool, v: &View<'_>) -> Option<Decision> {
         let fresh = self.cfg.load.freshness();
         // A later turn: a session or user key, or a conversation key whose
         // prompt goes on past the first user message.
@@ -779,9 +807,11 @@ impl Router {
             held_s,
             service_s: p.service_s,
             // An application preamble (system prompt, tools) is shared by
-            // all its conversations: a first turn goes where the preamble
-            // is held, a later turn where its own conversation goes.
-            group: (first_turn || !key.preamble_group).then_some(key.group),
+            // all its conversations: a later turn goes where its own
+            // conversation goes, and so does a first turn once the
+            // preamble is seen to converse; other first turns go where
+            // the preamble is held.
+            group: ((first_turn && !converses) || !key.preamble_group).then_some(key.group),
             first_turn,
         };
         let pl = crate::spill::place_by(&self.ring, key.hash, &self.bound(), &hosts, &x)?;
@@ -1265,6 +1295,75 @@ mod tests {
         let (h2, _) = place(body("Be brief.", &doc, 2));
         assert!(!k1.preamble_group);
         assert_eq!((h1, h2), (owner(k1.group), h1));
+    }
+
+    #[test]
+    fn a_first_turn_under_a_preamble_seen_to_converse_opens_where_its_later_turns_go() {
+        // 8 hosts, a 5 KB system prompt (an application preamble). Until a
+        // later turn under it is seen, first turns meet at the preamble's
+        // owner (they may be single prompts sharing it); once one is
+        // noted, a first turn takes its own key's walk, where its later
+        // turns go. Another preamble is not affected.
+        let r = router(8);
+        let system = |app: &str| format!("You are the assistant of {app}. ").repeat(160);
+        let body = |system: &str, user: &str, turns: usize| {
+            let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+            for t in 0..turns {
+                m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
+                m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+            }
+            m.pop();
+            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
+        };
+        let idle = vec![HostLoad::default(); 8];
+        let mut seen = crate::spill::Preambles::default();
+        let place = |b: String, seen: &mut crate::spill::Preambles| {
+            let req =
+                Request::new(Api::ChatCompletions, b.as_bytes(), &idle, 0).with_preambles(seen);
+            let d = r.decide(&req).decision;
+            if let Some(g) = d.preamble_turn() {
+                seen.note(g);
+            }
+            match d {
+                Decision::Routed { host, key, .. } => (host, key),
+                d => panic!("{d:?}"),
+            }
+        };
+        let owner = |k: u64| r.ring.walk(k).next().unwrap();
+        let (a, b) = (system("app A"), system("app B"));
+        // Users whose own key owner is not the preamble's: a move shows.
+        let users: Vec<String> = (0..40)
+            .map(|i| format!("user {i}"))
+            .filter(|u| {
+                let (_, k) = place(body(&a, u, 1), &mut crate::spill::Preambles::default());
+                owner(k.hash) != owner(k.group)
+            })
+            .take(5)
+            .collect();
+        assert_eq!(users.len(), 5);
+        let (h, k) = place(body(&a, &users[0], 1), &mut seen);
+        assert_eq!(h, owner(k.group), "nothing noted: the preamble's owner");
+        // Its second turn goes to its key owner, and notes the preamble.
+        let (h2, _) = place(body(&a, &users[0], 2), &mut seen);
+        assert_eq!(h2, owner(k.hash));
+        assert!(seen.converses(k.group));
+        for u in &users[1..] {
+            let (h1, k1) = place(body(&a, u, 1), &mut seen);
+            let (h2, _) = place(body(&a, u, 2), &mut seen);
+            assert_eq!(
+                (h1, h2),
+                (owner(k1.hash), h1),
+                "{u}: opens where it goes on"
+            );
+        }
+        let (h, k) = place(body(&b, &users[1], 1), &mut seen);
+        assert_eq!(h, owner(k.group), "another preamble: its owner");
+        // A later turn does not read the set: the same host with or without it.
+        let (h3, _) = place(
+            body(&a, &users[2], 3),
+            &mut crate::spill::Preambles::default(),
+        );
+        assert_eq!(h3, place(body(&a, &users[2], 3), &mut seen).0);
     }
 
     #[test]

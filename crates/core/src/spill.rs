@@ -17,9 +17,11 @@
 //!    ([`crate::Key::preamble_group`]: a system prompt or tools longer than
 //!    `key.prefix_bytes`) takes its key's walk instead: an application's preamble
 //!    is shared by all its conversations and soon held by every replica, so
-//!    its owner would otherwise take every conversation's later turns; its
-//!    first turn still goes to the group's owner, where
-//!    single prompts sharing the preamble meet.
+//!    its owner would otherwise take every conversation's later turns. A
+//!    first turn goes to the group's owner, where single prompts sharing
+//!    the preamble meet, until this proxy has seen a later turn under that
+//!    preamble ([`Preambles`]): then it takes its key's walk too, and opens
+//!    where its later turns go.
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
 //! 2. **Waits**: `W_h = q_h x service_s`, `q_h` the prefill queue: the
@@ -88,8 +90,10 @@
 //! not. A later turn's queue is the replica's report alone, which every
 //! proxy that heard it weighs alike; a first turn's adds this proxy's own
 //! part live, closer to the replica's queue than an old report (with
-//! ORCA, older the more proxies there are). No prefix index, no gossip,
-//! no state per key. The measurements behind each step: docs/design.md.
+//! ORCA, older the more proxies there are), and so does the set of
+//! preambles this proxy saw converse ([`Preambles`]). No prefix index, no
+//! gossip, no state per key. The measurements behind each step:
+//! docs/design.md.
 //!
 //! ## Trade-offs
 //! - Placement is by hash, not by load: with few conversations some
@@ -101,6 +105,9 @@
 //!   product: both sides are prefill tokens, a queued request priced at
 //!   `service_s x prefill_tokens_per_s` of them (8,000 by default) against
 //!   the prompt's `prompt bytes / bytes_per_token`.
+//! - A first turn under an application preamble no later turn was seen
+//!   under yet opens at the preamble's owner, and its conversation moves
+//!   once, at its second turn.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
@@ -151,6 +158,57 @@ pub struct Placed {
     /// chosen host (`None`: no fresh report for `o`, or bounded loads
     /// along the whole walk decided).
     pub wait_ms: Option<(u32, u32)>,
+}
+
+/// Slots of [`Preambles`].
+pub const PREAMBLE_SLOTS: usize = 256;
+
+/// The application preambles this proxy has seen carry a conversation's
+/// later turns ([`crate::Key::preamble_group`]). Such a later turn takes
+/// its key's walk; a first turn under a preamble in this set does too, so
+/// it opens where its later turns go instead of at the preamble's owner
+/// (a first turn cannot be told from a single prompt by its bytes, but its
+/// preamble's history tells whether the application converses). Single
+/// prompts under a preamble no conversation shares are never noted and
+/// still meet at its owner.
+///
+/// Each proxy learns it from its own traffic, and it moves first turns
+/// only, where a conversation opens, which may differ between proxies;
+/// later turns do not read it. A direct-mapped table of group hashes: O(1)
+/// per request, 2 KiB, a collision forgets the older preamble (whose first
+/// turns then go to its owner again until a later turn is seen).
+#[derive(Debug, Clone)]
+pub struct Preambles {
+    slots: Vec<u64>,
+}
+
+impl Default for Preambles {
+    fn default() -> Self {
+        Preambles {
+            slots: vec![0; PREAMBLE_SLOTS],
+        }
+    }
+}
+
+impl Preambles {
+    /// The slot and stored value of a group (0 marks an empty slot).
+    fn slot(group: u64) -> (usize, u64) {
+        ((group % PREAMBLE_SLOTS as u64) as usize, group.max(1))
+    }
+
+    /// Note a later turn's group ([`crate::Decision::preamble_turn`]).
+    pub fn note(&mut self, group: u64) {
+        let (i, v) = Self::slot(group);
+        if let Some(s) = self.slots.get_mut(i) {
+            *s = v;
+        }
+    }
+
+    /// Whether a later turn under this group was noted.
+    pub fn converses(&self, group: u64) -> bool {
+        let (i, v) = Self::slot(group);
+        self.slots.get(i) == Some(&v)
+    }
 }
 
 /// Seconds as whole milliseconds for the decision header (saturating).

@@ -339,7 +339,16 @@ impl Http {
         let st = Rc::clone(&self.st);
         let cfg = st.router.config();
         if !cfg.cost.enabled {
-            return st.router.decide(&req).decision;
+            // A borrow that fails (it cannot: one request at a time per
+            // VM) decides without the preambles.
+            let d = match st.preambles.try_borrow() {
+                Ok(p) => st.router.decide(&req.with_preambles(&p)).decision,
+                Err(_) => st.router.decide(&req).decision,
+            };
+            if let (Some(g), Ok(mut p)) = (d.preamble_turn(), st.preambles.try_borrow_mut()) {
+                p.note(g);
+            }
+            return d;
         }
         let view = SharedLookup::new(&SharedData, cfg.cost.shared);
         let decided = st.router.decide(&req.with_index(&view));

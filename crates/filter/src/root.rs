@@ -64,6 +64,9 @@ pub struct State {
     /// The priced spill's decisions in a row whose owner had no fresh
     /// load report ([`crate::http::UNREPORTED_WARN`]).
     pub unreported: std::cell::Cell<u32>,
+    /// The application preambles this VM saw carry later turns
+    /// ([`prefix_router_core::spill::Preambles`]).
+    pub preambles: std::cell::RefCell<prefix_router_core::spill::Preambles>,
 }
 
 /// A VM asks a host for its load report (the ORCA format header on a
@@ -128,6 +131,7 @@ impl State {
             reported_at: std::cell::RefCell::new(ReportTimes::default()),
             asked_at: std::cell::RefCell::new(ReportTimes::default()),
             unreported: std::cell::Cell::new(0),
+            preambles: Default::default(),
         }
     }
 
@@ -270,6 +274,12 @@ impl Root {
             others: std::cell::Cell::new(old.others.get()),
             log_level: std::cell::Cell::new(old.log_level.get()),
             unreported: std::cell::Cell::new(old.unreported.get()),
+            preambles: std::cell::RefCell::new(
+                old.preambles
+                    .try_borrow()
+                    .map(|p| p.clone())
+                    .unwrap_or_default(),
+            ),
             ..State::new(Router::new(cfg), metrics)
         });
         self.state = Some(state);

@@ -383,3 +383,42 @@ fn a_replica_that_keeps_failing_is_ejected_and_its_requests_go_elsewhere() {
     assert!(!destination().unwrap().starts_with(&sick));
     http.on_log();
 }
+
+/// A chat under a 5 KB system prompt (an application preamble, longer than
+/// `key.prefix_bytes`): `turns` user messages with answers between them.
+fn app_chat(user: &str, turns: usize) -> Vec<u8> {
+    let system = "You are the assistant of one application. ".repeat(120);
+    let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+    for t in 0..turns {
+        m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
+        m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+    }
+    m.pop();
+    format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(",")).into_bytes()
+}
+
+#[test]
+fn a_first_turn_opens_where_its_later_turns_go_once_its_preamble_is_seen_to_converse() {
+    let (r, _) = root(CONFIG);
+    let place = |body: &[u8]| {
+        let (mut http, _) = send(&r, body, &[]);
+        let host = chosen();
+        http.on_log();
+        host
+    };
+    let users: Vec<String> = (0..12).map(|i| format!("user {i}")).collect();
+    // No later turn seen: every first turn meets at the preamble's owner
+    // (it may be a single prompt sharing the preamble).
+    let firsts: Vec<String> = users.iter().map(|u| place(&app_chat(u, 1))).collect();
+    assert!(firsts.iter().all(|h| *h == firsts[0]), "{firsts:?}");
+    // One later turn (to its own conversation's owner) shows the
+    // application converses: each conversation now opens where it goes on.
+    let later: Vec<String> = users.iter().map(|u| place(&app_chat(u, 2))).collect();
+    assert!(
+        later.iter().filter(|h| **h != firsts[0]).count() >= 3,
+        "{later:?}"
+    );
+    for (u, h) in users.iter().zip(&later) {
+        assert_eq!(&place(&app_chat(u, 1)), h, "{u}");
+    }
+}

@@ -165,6 +165,8 @@ pub struct PrefixRouter {
     loads: Vec<HostLoad>,
     use_reports: Reports,
     rr: usize,
+    /// The application preambles this proxy saw carry later turns.
+    preambles: prefix_router_core::spill::Preambles,
 }
 
 impl PrefixRouter {
@@ -180,6 +182,7 @@ impl PrefixRouter {
             loads: vec![HostLoad::default(); hosts],
             use_reports: p.use_reports,
             rr: 0,
+            preambles: Default::default(),
         })
     }
 
@@ -272,9 +275,15 @@ impl Policy for PrefixRouter {
         let d = self
             .router
             .decide(
-                &Request::new(input.api(), input.body(), &self.loads, view.now_ms()).with_key(key),
+                &Request::new(input.api(), input.body(), &self.loads, view.now_ms())
+                    .with_key(key)
+                    .with_preambles(&self.preambles),
             )
             .decision;
+        // A later turn under an application preamble: the preamble converses.
+        if let Some(g) = d.preamble_turn() {
+            self.preambles.note(g);
+        }
         match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
