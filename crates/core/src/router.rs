@@ -191,16 +191,16 @@ pub struct SpillNote {
 }
 
 impl Decision {
-    /// The group of a later turn under an application preamble
-    /// ([`Key::preamble_group`]), for [`crate::spill::Preambles::note`]:
-    /// the preamble converses.
-    pub fn preamble_turn(&self) -> Option<u64> {
+    /// The group of a request under an application preamble
+    /// ([`Key::preamble_group`]) and whether it is a later turn, for
+    /// [`crate::spill::Preambles::observe`].
+    pub fn preamble_turn(&self) -> Option<(u64, bool)> {
         match self {
             Decision::Routed {
                 key,
                 spill: Some(n),
                 ..
-            } if n.later && key.preamble_group => Some(key.group),
+            } if key.preamble_group => Some((key.group, n.later)),
             _ => None,
         }
     }
@@ -1299,11 +1299,14 @@ mod tests {
 
     #[test]
     fn a_first_turn_under_a_preamble_seen_to_converse_opens_where_its_later_turns_go() {
-        // 8 hosts, a 5 KB system prompt (an application preamble). Until a
-        // later turn under it is seen, first turns meet at the preamble's
-        // owner (they may be single prompts sharing it); once one is
-        // noted, a first turn takes its own key's walk, where its later
-        // turns go. Another preamble is not affected.
+        // 8 hosts, 5 KB system prompts (application preambles). Until a
+        // later turn under a preamble is seen, first turns under it meet
+        // at its owner (they may be single prompts sharing it); once one
+        // is, a first turn takes its own key's walk, where its later turns
+        // go. A preamble not seen yet follows the majority of first turns
+        // under unseen preambles: single prompts keep their owner, and
+        // once most of them opened conversations, first turns take their
+        // key's walk.
         let r = router(8);
         let system = |app: &str| format!("You are the assistant of {app}. ").repeat(160);
         let body = |system: &str, user: &str, turns: usize| {
@@ -1316,13 +1319,12 @@ mod tests {
             format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
         };
         let idle = vec![HostLoad::default(); 8];
-        let mut seen = crate::spill::Preambles::default();
         let place = |b: String, seen: &mut crate::spill::Preambles| {
             let req =
                 Request::new(Api::ChatCompletions, b.as_bytes(), &idle, 0).with_preambles(seen);
             let d = r.decide(&req).decision;
-            if let Some(g) = d.preamble_turn() {
-                seen.note(g);
+            if let Some((g, later)) = d.preamble_turn() {
+                seen.observe(g, later);
             }
             match d {
                 Decision::Routed { host, key, .. } => (host, key),
@@ -1330,24 +1332,37 @@ mod tests {
             }
         };
         let owner = |k: u64| r.ring.walk(k).next().unwrap();
-        let (a, b) = (system("app A"), system("app B"));
         // Users whose own key owner is not the preamble's: a move shows.
-        let users: Vec<String> = (0..40)
-            .map(|i| format!("user {i}"))
-            .filter(|u| {
-                let (_, k) = place(body(&a, u, 1), &mut crate::spill::Preambles::default());
-                owner(k.hash) != owner(k.group)
-            })
-            .take(5)
-            .collect();
-        assert_eq!(users.len(), 5);
-        let (h, k) = place(body(&a, &users[0], 1), &mut seen);
-        assert_eq!(h, owner(k.group), "nothing noted: the preamble's owner");
-        // Its second turn goes to its key owner, and notes the preamble.
-        let (h2, _) = place(body(&a, &users[0], 2), &mut seen);
-        assert_eq!(h2, owner(k.hash));
+        let users = |app: &str| -> Vec<String> {
+            (0..60)
+                .map(|i| format!("user {i}"))
+                .filter(|u| {
+                    let (_, k) = place(body(app, u, 1), &mut crate::spill::Preambles::default());
+                    owner(k.hash) != owner(k.group)
+                })
+                .take(4)
+                .collect()
+        };
+        let (a, b) = (system("app A"), system("app B"));
+        let (ua, ub) = (users(&a), users(&b));
+        assert_eq!((ua.len(), ub.len()), (4, 4));
+        let mut seen = crate::spill::Preambles::default();
+        // Single prompts under B: at B's owner.
+        for u in &ub {
+            let (h, k) = place(body(&b, u, 1), &mut seen);
+            assert_eq!(
+                h,
+                owner(k.group),
+                "{u}: a single prompt meets at its preamble's owner"
+            );
+        }
+        // A conversation under A opens at A's owner; its second turn goes to
+        // its key owner and shows A converses.
+        let (h, k) = place(body(&a, &ua[0], 1), &mut seen);
+        assert_eq!(h, owner(k.group));
+        assert_eq!(place(body(&a, &ua[0], 2), &mut seen).0, owner(k.hash));
         assert!(seen.converses(k.group));
-        for u in &users[1..] {
+        for u in &ua[1..] {
             let (h1, k1) = place(body(&a, u, 1), &mut seen);
             let (h2, _) = place(body(&a, u, 2), &mut seen);
             assert_eq!(
@@ -1356,14 +1371,34 @@ mod tests {
                 "{u}: opens where it goes on"
             );
         }
-        let (h, k) = place(body(&b, &users[1], 1), &mut seen);
+        // B is not seen to converse, and 1 of 5 first turns under unseen
+        // preambles opened a conversation: B's prompts keep B's owner.
+        let (h, k) = place(body(&b, &ub[0], 1), &mut seen);
         assert_eq!(h, owner(k.group), "another preamble: its owner");
         // A later turn does not read the set: the same host with or without it.
-        let (h3, _) = place(
-            body(&a, &users[2], 3),
-            &mut crate::spill::Preambles::default(),
+        let (h3, _) = place(body(&a, &ua[2], 3), &mut crate::spill::Preambles::default());
+        assert_eq!(h3, place(body(&a, &ua[2], 3), &mut seen).0);
+
+        // Documents, each in its own system prompt, each asked about in one
+        // conversation: once half the first turns under unseen preambles
+        // opened conversations, a new document's first turn opens at its
+        // key's owner, where its second turn goes.
+        let mut seen = crate::spill::Preambles::default();
+        let docs: Vec<String> = (0..40).map(|d| system(&format!("document {d}"))).collect();
+        let mut followed = 0;
+        for (i, doc) in docs.iter().enumerate() {
+            let (h1, k) = place(body(doc, "a reader", 1), &mut seen);
+            let (h2, _) = place(body(doc, "a reader", 2), &mut seen);
+            if i == 0 {
+                assert_eq!(h1, owner(k.group), "nothing seen yet: the preamble's owner");
+            }
+            assert_eq!(h2, owner(k.hash));
+            followed += usize::from(h1 == h2);
+        }
+        assert_eq!(
+            followed, 39,
+            "every document after the first opens where it goes on"
         );
-        assert_eq!(h3, place(body(&a, &users[2], 3), &mut seen).0);
     }
 
     #[test]

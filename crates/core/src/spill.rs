@@ -19,9 +19,10 @@
 //!    is shared by all its conversations and soon held by every replica, so
 //!    its owner would otherwise take every conversation's later turns. A
 //!    first turn goes to the group's owner, where single prompts sharing
-//!    the preamble meet, until this proxy has seen a later turn under that
-//!    preamble ([`Preambles`]): then it takes its key's walk too, and opens
-//!    where its later turns go.
+//!    the preamble meet, unless this proxy has seen a later turn under that
+//!    preamble, or most first turns under preambles it had not seen so
+//!    opened conversations ([`Preambles`]): then it takes its key's walk
+//!    too, and opens where its later turns go.
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
 //! 2. **Waits**: `W_h = q_h x service_s`, `q_h` the prefill queue: the
@@ -105,9 +106,9 @@
 //!   product: both sides are prefill tokens, a queued request priced at
 //!   `service_s x prefill_tokens_per_s` of them (8,000 by default) against
 //!   the prompt's `prompt bytes / bytes_per_token`.
-//! - A first turn under an application preamble no later turn was seen
-//!   under yet opens at the preamble's owner, and its conversation moves
-//!   once, at its second turn.
+//! - Where single prompts are most of the first turns under preambles
+//!   not seen to converse, a conversation under a new preamble opens at
+//!   the preamble's owner and moves once, at its second turn.
 //!
 //! ## Complexity
 //! Two ring walks of at most [`CANDIDATES`] hosts and O(1) arithmetic per
@@ -161,31 +162,49 @@ pub struct Placed {
 }
 
 /// Slots of [`Preambles`].
-pub const PREAMBLE_SLOTS: usize = 256;
+pub const PREAMBLE_SLOTS: usize = 4096;
+
+/// How many of the latest first turns under preambles not seen to
+/// converse [`Preambles`] weighs (an exponential decay over about this many).
+pub const PREAMBLE_HORIZON: f64 = 256.0;
 
 /// The application preambles this proxy has seen carry a conversation's
 /// later turns ([`crate::Key::preamble_group`]). Such a later turn takes
 /// its key's walk; a first turn under a preamble in this set does too, so
-/// it opens where its later turns go instead of at the preamble's owner
-/// (a first turn cannot be told from a single prompt by its bytes, but its
-/// preamble's history tells whether the application converses). Single
-/// prompts under a preamble no conversation shares are never noted and
-/// still meet at its owner.
+/// it opens where its later turns go instead of at the preamble's owner.
+/// A first turn cannot be told from a single prompt by its bytes, but the
+/// preamble's history tells whether its application converses.
+///
+/// A preamble not in the set yet is judged by the others like it: of the
+/// recent first turns under preambles not seen to converse, the share
+/// that turned out to open a conversation (a later turn then put their
+/// preamble in the set). If at least half did, a first turn under an
+/// unseen preamble opens at its key's owner too: with many preambles and
+/// few conversations each (a document in each system prompt), waiting
+/// for each preamble's own later turn would split most conversations.
+/// Single prompts under preambles never seen to converse (the GIE
+/// shared-prefix benchmark) keep that share at 0 and meet at their
+/// preamble's owner.
 ///
 /// Each proxy learns it from its own traffic, and it moves first turns
 /// only, where a conversation opens, which may differ between proxies;
 /// later turns do not read it. A direct-mapped table of group hashes: O(1)
-/// per request, 2 KiB, a collision forgets the older preamble (whose first
-/// turns then go to its owner again until a later turn is seen).
+/// per request, 32 KiB; a collision forgets the older preamble.
 #[derive(Debug, Clone)]
 pub struct Preambles {
     slots: Vec<u64>,
+    /// Decayed counts of first turns under preambles not in the set, and
+    /// of those preambles' first later turns.
+    opened: f64,
+    conversed: f64,
 }
 
 impl Default for Preambles {
     fn default() -> Self {
         Preambles {
             slots: vec![0; PREAMBLE_SLOTS],
+            opened: 0.0,
+            conversed: 0.0,
         }
     }
 }
@@ -196,18 +215,38 @@ impl Preambles {
         ((group % PREAMBLE_SLOTS as u64) as usize, group.max(1))
     }
 
-    /// Note a later turn's group ([`crate::Decision::preamble_turn`]).
-    pub fn note(&mut self, group: u64) {
+    /// Whether a later turn under this group was seen.
+    fn seen(&self, group: u64) -> bool {
         let (i, v) = Self::slot(group);
-        if let Some(s) = self.slots.get_mut(i) {
-            *s = v;
+        self.slots.get(i) == Some(&v)
+    }
+
+    /// Count a request under an application preamble
+    /// ([`crate::Decision::preamble_turn`]): a later turn puts its group
+    /// in the set.
+    pub fn observe(&mut self, group: u64, later: bool) {
+        if self.seen(group) {
+            return;
+        }
+        let keep = 1.0 - 1.0 / PREAMBLE_HORIZON;
+        self.opened *= keep;
+        self.conversed *= keep;
+        if later {
+            self.conversed += 1.0;
+            let (i, v) = Self::slot(group);
+            if let Some(s) = self.slots.get_mut(i) {
+                *s = v;
+            }
+        } else {
+            self.opened += 1.0;
         }
     }
 
-    /// Whether a later turn under this group was noted.
+    /// Whether a first turn under this group opens at its key's owner:
+    /// the group was seen to converse, or at least half the recent first
+    /// turns under groups not seen yet opened a conversation.
     pub fn converses(&self, group: u64) -> bool {
-        let (i, v) = Self::slot(group);
-        self.slots.get(i) == Some(&v)
+        self.seen(group) || (self.conversed > 0.0 && 2.0 * self.conversed >= self.opened)
     }
 }
 

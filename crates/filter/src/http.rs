@@ -345,8 +345,10 @@ impl Http {
                 Ok(p) => st.router.decide(&req.with_preambles(&p)).decision,
                 Err(_) => st.router.decide(&req).decision,
             };
-            if let (Some(g), Ok(mut p)) = (d.preamble_turn(), st.preambles.try_borrow_mut()) {
-                p.note(g);
+            if let (Some((g, later)), Ok(mut p)) =
+                (d.preamble_turn(), st.preambles.try_borrow_mut())
+            {
+                p.observe(g, later);
             }
             return d;
         }

@@ -280,9 +280,9 @@ impl Policy for PrefixRouter {
                     .with_preambles(&self.preambles),
             )
             .decision;
-        // A later turn under an application preamble: the preamble converses.
-        if let Some(g) = d.preamble_turn() {
-            self.preambles.note(g);
+        // A request under an application preamble: what its preamble's history says.
+        if let Some((g, later)) = d.preamble_turn() {
+            self.preambles.observe(g, later);
         }
         match d {
             Decision::Routed { host, skipped, .. } => Choice {

@@ -150,6 +150,14 @@ pub fn workloads() -> Vec<WorkloadDef> {
             scales: [0.854, 1.62, 27.9],
         },
         WorkloadDef {
+            name: "doc-qa",
+            half: Half::Tune,
+            what: "questions about documents, each in its own 16,000-token system prompt (new, stop 34): 250 documents x 4 users x 3 turns",
+            source: Source::Synthetic("doc-qa"),
+            quick_limit: 250,
+            scales: [1.2, 2.11, 4.9],
+        },
+        WorkloadDef {
             name: "azure",
             half: Half::Tune,
             what: "Azure LLM inference trace 2023 (conversation), first 4,000 requests: no prefix information, a control with no sharing",

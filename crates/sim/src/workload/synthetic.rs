@@ -11,6 +11,7 @@
 //! | `zipf` | `shared-prefix` with `zipf=1.1` | group popularity Zipf(s): a few hot system prompts |
 //! | `long-context` | `groups=250,prompts=5,system=16000,question=256,output=256,rate=4` | cache pressure: the groups' prefixes (4M tokens) exceed 8 replicas' caches |
 //! | `multi-turn` | `groups=6,users=1000,turns=5,system=2000,question=200,output=200,session_rate=20,think=5` | few groups (system prompts), many users (per group), each a multi-turn conversation with growing history; closed loop with think time |
+//! | `doc-qa` | `multi-turn` with `groups=250,users=4,turns=3,system=16000,question=256,output=256,session_rate=2` | questions about documents, each in its own system prompt: many long preambles, few conversations each, as `long-context` with follow-ups |
 //! | `bursty` | `groups=60,prompts=25,system=3000,question=400,output=250,rate=10,burst=6,period=30,duty=0.1` | `shared-prefix` arrivals in bursts: every `period` s, `duty` of it at `burst` x the mean rate, the rest slower (same mean `rate`) |
 //! | `agentic` | `groups=8,users=20,turns=10,system=6000,question=300,tool=2000,output=60,session_rate=0.5,think=1` | agentic tool loops ([`super::agentic`]): long, growing contexts |
 //! | `rag` | `docs=8,doc=6000,k=2,zipf=1,system=400,question=150,output=200,users=700,turns=3,session_rate=4,think=8` | many users sharing a few long documents ([`super::rag`]) |
@@ -117,6 +118,16 @@ impl Spec {
                 spec.question = 200;
                 spec.output = 200;
             }
+            "doc-qa" => {
+                spec.kind = SynthKind::MultiTurn;
+                spec.groups = 250;
+                spec.users = 4;
+                spec.turns = 3;
+                spec.system = 16000;
+                spec.question = 256;
+                spec.output = 256;
+                spec.session_rate = 2.0;
+            }
             "bursty" => {
                 spec.groups = 60;
                 spec.prompts = 25;
@@ -150,7 +161,7 @@ impl Spec {
             }
             other => {
                 return Err(WorkloadError::new(format!(
-                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn, bursty, agentic, rag"
+                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn, doc-qa, bursty, agentic, rag"
                 )))
             }
         }
