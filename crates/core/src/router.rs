@@ -1246,6 +1246,17 @@ mod tests {
         assert_eq!(at(&loads, 3).0, o);
     }
 
+    /// A chat under `system`: `turns` user turns, answers between them.
+    fn app_chat(system: &str, user: &str, turns: usize) -> String {
+        let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+        for t in 0..turns {
+            m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
+            m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+        }
+        m.pop();
+        format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
+    }
+
     #[test]
     fn a_later_turn_under_an_application_preamble_goes_where_its_conversation_goes() {
         // 8 hosts, a 5 KB system prompt (longer than key.prefix_bytes, 4 KiB)
@@ -1254,16 +1265,7 @@ mod tests {
         // conversation's own key owner, the same at every turn.
         let r = router(8);
         let app = "You are the assistant of an application. ".repeat(125);
-        // `turns` user turns (answers between them) after `system`.
-        let body = |system: &str, user: &str, turns: usize| {
-            let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
-            for t in 0..turns {
-                m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
-                m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
-            }
-            m.pop();
-            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
-        };
+        let body = app_chat;
         let idle = vec![HostLoad::default(); 8];
         let place = |b: String| match decide(&r, Api::ChatCompletions, b.as_bytes(), None, &idle, 0)
         {
@@ -1309,15 +1311,7 @@ mod tests {
         // key's walk.
         let r = router(8);
         let system = |app: &str| format!("You are the assistant of {app}. ").repeat(160);
-        let body = |system: &str, user: &str, turns: usize| {
-            let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
-            for t in 0..turns {
-                m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
-                m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
-            }
-            m.pop();
-            format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(","))
-        };
+        let body = app_chat;
         let idle = vec![HostLoad::default(); 8];
         let place = |b: String, seen: &mut crate::spill::Preambles| {
             let req =

@@ -276,8 +276,8 @@ impl Root {
             unreported: std::cell::Cell::new(old.unreported.get()),
             preambles: std::cell::RefCell::new(
                 old.preambles
-                    .try_borrow()
-                    .map(|p| p.clone())
+                    .try_borrow_mut()
+                    .map(|mut p| std::mem::take(&mut *p))
                     .unwrap_or_default(),
             ),
             ..State::new(Router::new(cfg), metrics)
