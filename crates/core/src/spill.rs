@@ -22,7 +22,13 @@
 //!    the preamble meet, unless this proxy has seen a later turn under that
 //!    preamble, or most first turns under preambles it had not seen so
 //!    opened conversations ([`Preambles`]): then it takes its key's walk
-//!    too, and opens where its later turns go.
+//!    too, and opens where its later turns go. A *cold* preamble, one
+//!    that carries less of this proxy's recent requests than the bound's
+//!    slack on one host (`(capacity_factor - 1) / hosts`: a document in a
+//!    system prompt, read by a few), keeps every turn on the group's walk
+//!    like any other group: all of its traffic fits on its owner within
+//!    the bound, and spreading its conversations would re-prefill it on
+//!    each replica they land on ([`Preambles::cold`]).
 //!    Leaving costs re-prefilling the prompt: `held_s = prompt bytes /
 //!    bytes_per_token / prefill_tokens_per_s`.
 //! 2. **Waits**: `W_h = q_h x service_s`, `q_h` the prefill queue: the
@@ -190,6 +196,17 @@ pub const PREAMBLE_HORIZON: f64 = 256.0;
 /// only, where a conversation opens, which may differ between proxies;
 /// later turns do not read it. A direct-mapped table of group hashes: O(1)
 /// per request, 32 KiB; a collision forgets the older preamble.
+///
+/// It also keeps each preamble's share of the proxy's recent routed
+/// requests (decayed over [`SHARE_HORIZON`]; a second direct-mapped table,
+/// 96 KiB, where a collision costs the resident one count): a preamble
+/// under the share limit is cold ([`Preambles::cold`]), and all of its
+/// turns keep the group's walk. Later turns read this, so proxies agree
+/// on a conversation as far as their shares agree: proxies of one fleet
+/// see the same mix, and a preamble far from the limit (an application's
+/// system prompt, a document read by a few) is on the same side in each.
+/// One whose share crosses the limit moves its conversations once, as
+/// when the traffic's mix changes.
 #[derive(Debug, Clone)]
 pub struct Preambles {
     slots: Vec<u64>,
@@ -197,7 +214,25 @@ pub struct Preambles {
     /// of those preambles' first later turns.
     opened: f64,
     conversed: f64,
+    /// Each preamble's decayed count of requests ([`Preambles::cold`]).
+    shares: Vec<Share>,
+    /// The decayed count of every routed request, and how many were seen.
+    total: f64,
+    tick: u64,
 }
+
+/// A slot of [`Preambles`]' share table: a group, its decayed request
+/// count, and the tick it was last brought up to date.
+#[derive(Debug, Clone, Copy, Default)]
+struct Share {
+    group: u64,
+    count: f64,
+    tick: u64,
+}
+
+/// How many of the latest routed requests a preamble's share of the
+/// traffic is measured over (an exponential decay over about this many).
+pub const SHARE_HORIZON: f64 = 1024.0;
 
 impl Default for Preambles {
     fn default() -> Self {
@@ -205,6 +240,9 @@ impl Default for Preambles {
             slots: vec![0; PREAMBLE_SLOTS],
             opened: 0.0,
             conversed: 0.0,
+            shares: vec![Share::default(); PREAMBLE_SLOTS],
+            total: 0.0,
+            tick: 0,
         }
     }
 }
@@ -221,10 +259,43 @@ impl Preambles {
         self.slots.get(i) == Some(&v)
     }
 
-    /// Count a request under an application preamble
-    /// ([`crate::Decision::preamble_turn`]): a later turn puts its group
-    /// in the set.
-    pub fn observe(&mut self, group: u64, later: bool) {
+    /// Count a routed request: `turn`, when it is under an application
+    /// preamble ([`crate::Decision::preamble_turn`]), its group and
+    /// whether it is a later turn (a later turn puts its group in the
+    /// set).
+    pub fn observe(&mut self, turn: Option<(u64, bool)>) {
+        let keep_share = 1.0 - 1.0 / SHARE_HORIZON;
+        self.tick += 1;
+        self.total = self.total * keep_share + 1.0;
+        let Some((group, later)) = turn else {
+            return;
+        };
+        let tick = self.tick;
+        let (i, v) = Self::slot(group);
+        if let Some(s) = self.shares.get_mut(i) {
+            let now = s.count * decay(keep_share, tick - s.tick);
+            *s = if s.group == v {
+                Share {
+                    group: v,
+                    count: now + 1.0,
+                    tick,
+                }
+            } else if now <= 1.0 {
+                // A collision costs the resident one count: a preamble
+                // busier than it takes the slot over.
+                Share {
+                    group: v,
+                    count: 1.0,
+                    tick,
+                }
+            } else {
+                Share {
+                    count: now - 1.0,
+                    tick,
+                    ..*s
+                }
+            };
+        }
         if self.seen(group) {
             return;
         }
@@ -242,11 +313,41 @@ impl Preambles {
         }
     }
 
+    /// Whether this preamble carries so little of the traffic that its
+    /// conversations may all live where it is held: its share of the
+    /// recent routed requests ([`SHARE_HORIZON`]) is under `limit`, the
+    /// bound's slack on one host (`(capacity_factor - 1) / hosts`), so
+    /// all of it fits on its owner within the bound. Before any
+    /// request was counted, no preamble is.
+    pub fn cold(&self, group: u64, limit: f64) -> bool {
+        if limit.is_nan() || limit <= 0.0 || self.total <= 0.0 {
+            return false;
+        }
+        let (i, v) = Self::slot(group);
+        let count = match self.shares.get(i) {
+            Some(s) if s.group == v => {
+                s.count * decay(1.0 - 1.0 / SHARE_HORIZON, self.tick - s.tick)
+            }
+            _ => 0.0,
+        };
+        count < limit * self.total
+    }
+
     /// Whether a first turn under this group opens at its key's owner:
     /// the group was seen to converse, or at least half the recent first
     /// turns under groups not seen yet opened a conversation.
     pub fn converses(&self, group: u64) -> bool {
         self.seen(group) || (self.conversed > 0.0 && 2.0 * self.conversed >= self.opened)
+    }
+}
+
+/// `keep` to the power `n` (0 past any count that matters).
+fn decay(keep: f64, n: u64) -> f64 {
+    if n > 1 << 20 {
+        0.0
+    } else {
+        // `as` is exact: n <= 2^20.
+        keep.powi(n as i32)
     }
 }
 
@@ -818,6 +919,57 @@ mod tests {
             assert_eq!((p.host, p.why), (w[1], Why::Priced), "key {key:x}");
         }
         assert!(owners.len() > 2, "the keys have several owners");
+    }
+
+    #[test]
+    fn a_preamble_is_cold_while_its_share_fits_the_bound_slack_of_one_host() {
+        // 8 hosts, capacity factor 1.25: the limit is 1/32 of the traffic.
+        let limit = 0.25 / 8.0;
+        let mut p = Preambles::default();
+        assert!(!p.cold(7, limit), "nothing measured yet");
+        // An application with a fifth of the traffic, 250 documents with
+        // the rest, a few requests each.
+        for i in 0..4000u64 {
+            let turn = if i % 5 == 0 {
+                Some((7, i > 0))
+            } else {
+                Some((1000 + i % 250, false))
+            };
+            p.observe(turn);
+        }
+        assert!(!p.cold(7, limit), "a fifth of the traffic is hot");
+        assert!((1000..1250).all(|g| p.cold(g, limit)), "documents");
+        assert!(p.cold(99, limit), "a preamble not seen yet");
+        // The application falls to 1/100 of the traffic: cold; and back
+        // to 1/20: hot again.
+        let mix = |p: &mut Preambles, every: u64| {
+            for i in 0..8000u64 {
+                let turn = (i % every == 0).then_some((7, true));
+                p.observe(turn.or(Some((5000 + i % 300, false))));
+            }
+        };
+        mix(&mut p, 100);
+        assert!(p.cold(7, limit), "1/100 of the traffic");
+        mix(&mut p, 20);
+        assert!(!p.cold(7, limit), "1/20 of it");
+    }
+
+    #[test]
+    fn a_busier_preamble_takes_a_colliding_slot_over() {
+        let limit = 0.25 / 8.0;
+        let mut p = Preambles::default();
+        let a = 3u64;
+        let b = a + PREAMBLE_SLOTS as u64;
+        for _ in 0..50 {
+            p.observe(Some((a, true)));
+        }
+        assert!(!p.cold(a, limit));
+        // b, in a's slot, with all the traffic from now on.
+        for _ in 0..200 {
+            p.observe(Some((b, true)));
+        }
+        assert!(!p.cold(b, limit), "b took the slot");
+        assert!(p.cold(a, limit), "a lost it");
     }
 
     proptest! {

@@ -345,10 +345,8 @@ impl Http {
                 Ok(p) => st.router.decide(&req.with_preambles(&p)).decision,
                 Err(_) => st.router.decide(&req).decision,
             };
-            if let (Some((g, later)), Ok(mut p)) =
-                (d.preamble_turn(), st.preambles.try_borrow_mut())
-            {
-                p.observe(g, later);
+            if let Ok(mut p) = st.preambles.try_borrow_mut() {
+                st.router.observed(&mut p, &d);
             }
             return d;
         }

@@ -281,9 +281,7 @@ impl Policy for PrefixRouter {
             )
             .decision;
         // A request under an application preamble: what its preamble's history says.
-        if let Some((g, later)) = d.preamble_turn() {
-            self.preambles.observe(g, later);
-        }
+        self.router.observed(&mut self.preambles, &d);
         match d {
             Decision::Routed { host, skipped, .. } => Choice {
                 host,
