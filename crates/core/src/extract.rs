@@ -309,8 +309,9 @@ struct Members {
     /// Where the next member (or the end) is looked for.
     i: usize,
     utf8_known: bool,
-    /// Escapes in the keys read so far (see [`Members::charge`]), and how
-    /// many a key may have before the walk stops (the budget's).
+    /// What the escapes of the keys read so far are charged (see
+    /// [`Members::charge`]), and how much that may be before the walk stops
+    /// (the budget left).
     esc: u64,
     max_esc: u64,
 }
@@ -407,7 +408,7 @@ impl Members {
     /// Charge a member (and the escapes of the keys since) to `work`.
     #[inline]
     fn charge(&mut self, work: &mut Work, at: usize) -> Res<()> {
-        let n = cost::MEMBER + std::mem::take(&mut self.esc) * cost::ESCAPE;
+        let n = cost::MEMBER + std::mem::take(&mut self.esc);
         work.charge(n, at)
     }
 }
@@ -496,7 +497,7 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
             return Ok(end);
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
-        m.max_esc = st.work.escapes();
+        m.max_esc = st.work.left();
         if let Some(q) = role_head(b, j) {
             // The role as clients open a message: taken without the walk.
             m.charge(&mut st.work, q)?;
@@ -530,7 +531,7 @@ fn opt_anthropic_meta(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option
     }
     let mut user_id = None;
     let mut m = Members::open(b, i, META_FIELDS, false)?;
-    m.max_esc = st.work.escapes();
+    m.max_esc = st.work.left();
     while let Some((id, v)) = m.next(b)? {
         m.charge(&mut st.work, v)?;
         m.i = match id {
@@ -615,7 +616,7 @@ fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
         Err(e) => return both(e),
     };
     m.allow_dup = true;
-    m.max_esc = st.work.escapes();
+    m.max_esc = st.work.left();
     loop {
         let (id, v) = match m.next(b) {
             Ok(Some(x)) => x,
@@ -938,6 +939,10 @@ impl<O: StrOut> StrOut for Counted<'_, O> {
     fn esc(&mut self, ch: &[u8]) {
         self.1 += ch.len();
         self.0.esc(ch)
+    }
+    #[inline(always)]
+    fn enc(c: u32) -> (u64, usize) {
+        O::enc(c)
     }
 }
 

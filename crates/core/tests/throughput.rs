@@ -91,7 +91,8 @@ fn charged(body: &[u8]) -> u64 {
 /// Each body's cost without a budget, what the budget model charges for
 /// it, and its cost as the router runs it (within `extract::budget`: the
 /// element-dense bodies stop early, a counted fallback). Times in µs;
-/// `x` is per byte against the plain 1 MiB prompt.
+/// `x` is per byte against the plain 1 MiB prompt. `PROBE=name` measures
+/// only the bodies whose name contains it.
 #[test]
 #[ignore]
 fn probe_budget() {
@@ -105,7 +106,11 @@ fn probe_budget() {
         "{:<28} {:>9} {:>9} {:>6} {:>10} {:>9} {:>9} {:>6} {:>9}",
         "body", "bytes", "free µs", "x", "charged µs", "budget µs", "capped µs", "x", "outcome"
     );
+    let only = std::env::var("PROBE").unwrap_or_default();
     for (name, body) in &cases {
+        if !name.contains(&only) {
+            continue;
+        }
         let free = best(|| default_path(black_box(body)), 20);
         let budget = extract::budget(body.len());
         let capped = best(

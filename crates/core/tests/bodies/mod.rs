@@ -190,6 +190,15 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
             user(format!("\"{}\"", "\\u00e9".repeat(mib / 6 - 20))),
         ),
         (
+            "surrogate_pairs_87k",
+            user(format!("\"{}\"", "\\ud83d\\ude00".repeat(mib / 12 - 10))),
+        ),
+        (
+            // An escape every third byte: each one cuts the text.
+            "gapped_escapes_349k",
+            user(format!("\"{}\"", "a\\n".repeat(mib / 3 - 20))),
+        ),
+        (
             "unsorted_tool_objects_75k",
             format!(
                 r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"q"}}]}}"#,
@@ -233,6 +242,150 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// splitmix64's step: the `k`th number of the stream seeded `seed`.
+fn mix(seed: u64, k: u64) -> u64 {
+    let mut z = seed.wrapping_add(k.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A chat body with one user message whose content is `content` (already
+/// escaped as JSON).
+fn user_body(content: &str) -> Vec<u8> {
+    format!(
+        r#"{{"model":"llama-3.1-8b","stream":true,"messages":[{{"role":"system","content":"You are a helpful assistant."}},{{"role":"user","content":"{content}"}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// CJK text of about `total` body bytes as Python's `json.dumps` writes it
+/// by default (`ensure_ascii`): every character a `\uXXXX` escape
+/// (U+4E00..U+9FFF, lowercase hex), 6 bytes a character.
+pub fn cjk_escaped(total: usize) -> Vec<u8> {
+    let mut s = String::with_capacity(total);
+    let mut k = 0;
+    while s.len() + 200 < total {
+        let c = 0x4e00 + mix(11, k) % (0x9fff - 0x4e00 + 1);
+        s.push_str(&format!("\\u{c:04x}"));
+        k += 1;
+    }
+    user_body(&s)
+}
+
+/// German prose of about `total` body bytes as `json.dumps` writes it:
+/// umlauts and ß as `\u00fc` etc., about one character in 15.
+pub fn umlaut_text(total: usize) -> Vec<u8> {
+    let words = [
+        "die",
+        "der",
+        "und",
+        "f\\u00fcr",
+        "nicht",
+        "mit",
+        "Stra\\u00dfe",
+        "auch",
+        "sch\\u00f6n",
+        "werden",
+        "M\\u00fcnchen",
+        "Zeit",
+        "k\\u00f6nnen",
+        "Haus",
+        "gro\\u00df",
+        "Arbeit",
+        "\\u00fcber",
+        "Beispiel",
+        "Anfrage",
+        "w\\u00e4hrend",
+        "Antwort",
+        "Modell",
+    ];
+    let mut s = String::with_capacity(total);
+    let mut k = 0;
+    while s.len() + 200 < total {
+        s.push_str(words[(mix(12, k) % words.len() as u64) as usize]);
+        s.push_str(if k % 12 == 11 { ". " } else { " " });
+        k += 1;
+    }
+    user_body(&s)
+}
+
+/// Text of about `total` body bytes with Windows line ends: lines of
+/// 40-80 bytes, each ending `\r\n` in the JSON.
+pub fn crlf_text(total: usize) -> Vec<u8> {
+    let mut s = String::with_capacity(total);
+    let mut k = 0;
+    while s.len() + 200 < total {
+        let n = 40 + (mix(13, k) % 41) as usize;
+        s.push_str(&text(n, k + 100));
+        s.push_str("\\r\\n");
+        k += 1;
+    }
+    user_body(&s)
+}
+
+/// A pasted CSV of about `total` body bytes, every field quoted: a `\"`
+/// every 4 bytes or so, a `\n` a row.
+pub fn csv_text(total: usize) -> Vec<u8> {
+    let mut s = String::with_capacity(total);
+    let mut k = 0;
+    while s.len() + 200 < total {
+        s.push_str(&format!("\\\"{k}\\\",\\\"name {k}\\\",\\\"x\\\"\\n"));
+        k += 1;
+    }
+    user_body(&s)
+}
+
+/// An agent chat of about `total` bytes as Python clients write it: each
+/// turn an assistant tool call whose arguments are `json.dumps` of an
+/// object and a tool message whose content is `json.dumps` of ten rows,
+/// so strings full of `\"` (one every 5-6 bytes).
+pub fn agent_json_tools(total: usize) -> Vec<u8> {
+    let mut s = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":"{}"}},{{"role":"user","content":"Find me flights to Paris and compare prices."}}"#,
+        "You are a helpful agent. ".repeat(80)
+    );
+    let mut t = 0;
+    loop {
+        let args = format!(
+            r#"{{\"query\": \"flights paris {t}\", \"max_results\": 10, \"filters\": {{\"class\": \"economy\", \"stops\": 0}}}}"#
+        );
+        let rows = (0..10)
+            .map(|i| {
+                format!(
+                    r#"{{\"airline\": \"AF\", \"flight\": \"AF{t}{i}\", \"price\": {}, \"depart\": \"2026-01-01T10:00\", \"arrive\": \"2026-01-01T12:00\", \"stops\": 0}}"#,
+                    100 + i
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let turn = format!(
+            r#",{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{t}","type":"function","function":{{"name":"search","arguments":"{args}"}}}}]}},{{"role":"tool","tool_call_id":"call_{t}","content":"[{rows}]"}}"#
+        );
+        if s.len() + turn.len() + 2 > total {
+            break;
+        }
+        s.push_str(&turn);
+        t += 1;
+    }
+    s.push_str("]}");
+    s.into_bytes()
+}
+
+/// Realistic escape-dense bodies (what clients send, not crafted): at
+/// 64 KiB and 1 MiB each.
+pub fn escape_dense() -> Vec<(String, Vec<u8>)> {
+    let mut v = Vec::new();
+    for (n, tag) in [(64usize << 10, "64KiB"), (1 << 20, "1MiB")] {
+        v.push((format!("cjk_u_escapes_{tag}"), cjk_escaped(n)));
+        v.push((format!("umlaut_text_{tag}"), umlaut_text(n)));
+        v.push((format!("crlf_text_{tag}"), crlf_text(n)));
+        v.push((format!("csv_quotes_{tag}"), csv_text(n)));
+        v.push((format!("agent_json_tools_{tag}"), agent_json_tools(n)));
+    }
+    v
+}
+
 /// The measured cases, named: plain chats of 1, 8, 64 and 256 KiB, a
 /// chat of short turns (256 KiB), then
 /// [`adversarial`] (the throughput probe and the criterion bench share them).
@@ -248,6 +401,7 @@ pub fn cases() -> Vec<(String, Vec<u8>)> {
         "agent_120_tools_96KiB".into(),
         agent_chat_with(96 << 10, 10),
     ));
+    cases.extend(escape_dense());
     cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
     cases
 }
