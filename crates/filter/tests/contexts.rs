@@ -422,3 +422,49 @@ fn a_first_turn_opens_where_its_later_turns_go_once_its_preamble_is_seen_to_conv
         assert_eq!(&place(&app_chat(u, 1)), h, "{u}");
     }
 }
+
+#[test]
+fn a_document_read_by_few_keeps_its_conversations_where_it_is_held() {
+    let (r, _) = root(CONFIG);
+    let place = |body: &[u8]| {
+        let (mut http, _) = send(&r, body, &[]);
+        let host = chosen();
+        http.on_log();
+        host
+    };
+    // Each document in its own system prompt (over `key.prefix_bytes`),
+    // three readers each: every document carries far less than the
+    // bound's slack of one host (1/16 of the requests at 4 hosts and
+    // 1.25), so once this worker has counted enough requests to tell,
+    // its readers' turns all go to the document's owner instead of each
+    // conversation re-prefilling it at its own key's owner.
+    let doc = |d: usize, reader: usize, turns: usize| {
+        let system = format!("Document {d}: a long text to ask about. ").repeat(120);
+        let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
+        for t in 0..turns {
+            m.push(format!(
+                r#"{{"role":"user","content":"reader {reader} asks {t}"}}"#
+            ));
+            m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
+        }
+        m.pop();
+        format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(",")).into_bytes()
+    };
+    // The readers come in turn: the first reader of each document, then
+    // the second of each, then the third.
+    let mut hosts = vec![Vec::new(); 40];
+    for u in 0..3 {
+        for (d, hs) in hosts.iter_mut().enumerate() {
+            hs.extend([place(&doc(d, u, 1)), place(&doc(d, u, 2))]);
+        }
+    }
+    let mut homes = std::collections::BTreeSet::new();
+    for (d, hs) in hosts.iter().enumerate().skip(10) {
+        assert!(hs.iter().all(|h| *h == hs[0]), "document {d}: {hs:?}");
+        homes.insert(hs[0].clone());
+    }
+    assert!(
+        homes.len() >= 3,
+        "documents spread by their own hash: {homes:?}"
+    );
+}
