@@ -940,10 +940,7 @@ impl<O: StrOut> StrOut for Counted<'_, O> {
         self.1 += ch.len();
         self.0.esc(ch)
     }
-    #[inline(always)]
-    fn enc(c: u32) -> (u64, usize) {
-        O::enc(c)
-    }
+    const ESCAPES: bool = O::ESCAPES;
 }
 
 /// xxh3 of a part's canonical JSON, streaming only past a short buffer.

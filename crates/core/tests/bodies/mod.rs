@@ -136,6 +136,12 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
     let wrap = |inner: String| format!(r#"{{"model":"m","messages":[{inner}]}}"#).into_bytes();
     let user = |content: String| wrap(format!(r#"{{"role":"user","content":{content}}}"#));
     let list = |item: &str, n: usize| vec![item; n].join(",");
+    let tool = |desc: &str| {
+        format!(
+            r#"{{"model":"m","tools":[{{"type":"function","function":{{"name":"f","description":"{desc}"}}}}],"messages":[{{"role":"user","content":"q"}}]}}"#
+        )
+        .into_bytes()
+    };
     let d = 50_000;
     vec![
         (
@@ -188,6 +194,16 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
         (
             "unicode_escapes_175k",
             user(format!("\"{}\"", "\\u00e9".repeat(mib / 6 - 20))),
+        ),
+        (
+            // Escapes in canonical JSON (a tool's description): decoded
+            // and re-escaped.
+            "tool_escapes_524k",
+            tool(&"\\n".repeat(mib / 2 - 80)),
+        ),
+        (
+            "tool_unicode_escapes_175k",
+            tool(&"\\u00e9".repeat(mib / 6 - 30)),
         ),
         (
             "surrogate_pairs_87k",
