@@ -419,6 +419,33 @@ fn fallbacks_reach_a_backend_and_are_counted() {
         fallbacks() > before,
         "body over the listener buffer limit not counted"
     );
+
+    // Text that clients escape densely: Chinese as Python's `json.dumps` writes it (every
+    // character `\uXXXX`), 18 and 60 KB, is routed, not a `too_complex` fallback (it was before
+    // escapes were decoded in runs).
+    for chars in [3_000, 10_000] {
+        let text: String = (0..chars)
+            .map(|i| format!("\\u{:04x}", 0x4e00 + (i * 7919) % 0x5000))
+            .collect();
+        let body = format!(
+            r#"{{"model":"sim-llm","messages":[{{"role":"user","content":"{text}"}}],"stream":false}}"#
+        );
+        let before = fallbacks();
+        let r = ok(http::post(&agent, &chat_url, &[], &body));
+        let d = r.decision().unwrap_or_default();
+        assert!(
+            r.status == 200 && r.backend().is_some(),
+            "CJK body of {} bytes: status {}",
+            body.len(),
+            r.status
+        );
+        assert!(
+            !d.contains("fallback") && fallbacks() == before,
+            "CJK body of {} bytes: decision {d:?}, fallbacks {before} -> {}",
+            body.len(),
+            fallbacks()
+        );
+    }
 }
 
 // 3b. Why envoy.yaml keeps its buffer limits above max_body_bytes: if the filter may buffer more
