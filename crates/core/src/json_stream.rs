@@ -927,9 +927,10 @@ pub mod cost {
     pub const ESCAPE_U: u64 = 5;
     /// Added for an escape after a gap of text of less than 32 bytes (the
     /// next escape found without a scan): 7-10 ns measured on gaps of 1-6
-    /// bytes (pasted CSV, JSON in strings), 17 on German prose's gaps of
-    /// 1-31 (1 MiB bodies: a mispredicted branch costs more out of L2).
-    pub const ESCAPE_GAP: u64 = 17;
+    /// bytes (pasted CSV, JSON in strings), 17-18 on German prose's gaps
+    /// of 1-31 (1 MiB bodies: a mispredicted branch costs more out of L2;
+    /// 18 since the decoding loop is out of line).
+    pub const ESCAPE_GAP: u64 = 18;
     /// Added instead for an escape that stopped a scan of the string (after
     /// a longer gap, or the string's first): 33 ns measured (1 MiB of text
     /// with `\r\n` every 40-80 bytes).
