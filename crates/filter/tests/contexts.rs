@@ -387,7 +387,12 @@ fn a_replica_that_keeps_failing_is_ejected_and_its_requests_go_elsewhere() {
 /// A chat under a 5 KB system prompt (an application preamble, longer than
 /// `key.prefix_bytes`): `turns` user messages with answers between them.
 fn app_chat(user: &str, turns: usize) -> Vec<u8> {
-    let system = "You are the assistant of one application. ".repeat(120);
+    preamble_chat("You are the assistant of one application. ", user, turns)
+}
+
+/// [`app_chat`] under `line` repeated 120 times.
+fn preamble_chat(line: &str, user: &str, turns: usize) -> Vec<u8> {
+    let system = line.repeat(120);
     let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
     for t in 0..turns {
         m.push(format!(r#"{{"role":"user","content":"{user} turn {t}"}}"#));
@@ -397,15 +402,18 @@ fn app_chat(user: &str, turns: usize) -> Vec<u8> {
     format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(",")).into_bytes()
 }
 
+/// Routes `body` through a new HTTP context of `r`; the host chosen.
+fn place(r: &Root, body: &[u8]) -> String {
+    let (mut http, _) = send(r, body, &[]);
+    let host = chosen();
+    http.on_log();
+    host
+}
+
 #[test]
 fn a_first_turn_opens_where_its_later_turns_go_once_its_preamble_is_seen_to_converse() {
     let (r, _) = root(CONFIG);
-    let place = |body: &[u8]| {
-        let (mut http, _) = send(&r, body, &[]);
-        let host = chosen();
-        http.on_log();
-        host
-    };
+    let place = |body: &[u8]| place(&r, body);
     let users: Vec<String> = (0..12).map(|i| format!("user {i}")).collect();
     // No later turn seen: every first turn meets at the preamble's owner
     // (it may be a single prompt sharing the preamble).
@@ -426,12 +434,7 @@ fn a_first_turn_opens_where_its_later_turns_go_once_its_preamble_is_seen_to_conv
 #[test]
 fn a_document_read_by_few_keeps_its_conversations_where_it_is_held() {
     let (r, _) = root(CONFIG);
-    let place = |body: &[u8]| {
-        let (mut http, _) = send(&r, body, &[]);
-        let host = chosen();
-        http.on_log();
-        host
-    };
+    let place = |body: &[u8]| place(&r, body);
     // Each document in its own system prompt (over `key.prefix_bytes`),
     // three readers each: every document carries far less than the
     // bound's slack of one host (1/16 of the requests at 4 hosts and
@@ -439,16 +442,8 @@ fn a_document_read_by_few_keeps_its_conversations_where_it_is_held() {
     // its readers' turns all go to the document's owner instead of each
     // conversation re-prefilling it at its own key's owner.
     let doc = |d: usize, reader: usize, turns: usize| {
-        let system = format!("Document {d}: a long text to ask about. ").repeat(120);
-        let mut m = vec![format!(r#"{{"role":"system","content":"{system}"}}"#)];
-        for t in 0..turns {
-            m.push(format!(
-                r#"{{"role":"user","content":"reader {reader} asks {t}"}}"#
-            ));
-            m.push(format!(r#"{{"role":"assistant","content":"answer {t}"}}"#));
-        }
-        m.pop();
-        format!(r#"{{"model":"m","messages":[{}]}}"#, m.join(",")).into_bytes()
+        let line = format!("Document {d}: a long text to ask about. ");
+        preamble_chat(&line, &format!("reader {reader}"), turns)
     };
     // The readers come in turn: the first reader of each document, then
     // the second of each, then the third.

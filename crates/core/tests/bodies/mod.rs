@@ -275,18 +275,24 @@ fn user_body(content: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A user message of about `total` body bytes: `piece(k)` for k = 0, 1, ...
+fn user_text(total: usize, piece: impl Fn(u64) -> String) -> Vec<u8> {
+    let mut s = String::with_capacity(total);
+    let mut k = 0;
+    while s.len() + 200 < total {
+        s.push_str(&piece(k));
+        k += 1;
+    }
+    user_body(&s)
+}
+
 /// CJK text of about `total` body bytes as Python's `json.dumps` writes it
 /// by default (`ensure_ascii`): every character a `\uXXXX` escape
 /// (U+4E00..U+9FFF, lowercase hex), 6 bytes a character.
 pub fn cjk_escaped(total: usize) -> Vec<u8> {
-    let mut s = String::with_capacity(total);
-    let mut k = 0;
-    while s.len() + 200 < total {
-        let c = 0x4e00 + mix(11, k) % (0x9fff - 0x4e00 + 1);
-        s.push_str(&format!("\\u{c:04x}"));
-        k += 1;
-    }
-    user_body(&s)
+    user_text(total, |k| {
+        format!("\\u{:04x}", 0x4e00 + mix(11, k) % (0x9fff - 0x4e00 + 1))
+    })
 }
 
 /// German prose of about `total` body bytes as `json.dumps` writes it:
@@ -316,40 +322,26 @@ pub fn umlaut_text(total: usize) -> Vec<u8> {
         "Antwort",
         "Modell",
     ];
-    let mut s = String::with_capacity(total);
-    let mut k = 0;
-    while s.len() + 200 < total {
-        s.push_str(words[(mix(12, k) % words.len() as u64) as usize]);
-        s.push_str(if k % 12 == 11 { ". " } else { " " });
-        k += 1;
-    }
-    user_body(&s)
+    user_text(total, |k| {
+        let w = words[(mix(12, k) % words.len() as u64) as usize];
+        format!("{w}{}", if k % 12 == 11 { ". " } else { " " })
+    })
 }
 
 /// Text of about `total` body bytes with Windows line ends: lines of
 /// 40-80 bytes, each ending `\r\n` in the JSON.
 pub fn crlf_text(total: usize) -> Vec<u8> {
-    let mut s = String::with_capacity(total);
-    let mut k = 0;
-    while s.len() + 200 < total {
-        let n = 40 + (mix(13, k) % 41) as usize;
-        s.push_str(&text(n, k + 100));
-        s.push_str("\\r\\n");
-        k += 1;
-    }
-    user_body(&s)
+    user_text(total, |k| {
+        format!("{}\\r\\n", text(40 + (mix(13, k) % 41) as usize, k + 100))
+    })
 }
 
 /// A pasted CSV of about `total` body bytes, every field quoted: a `\"`
 /// every 4 bytes or so, a `\n` a row.
 pub fn csv_text(total: usize) -> Vec<u8> {
-    let mut s = String::with_capacity(total);
-    let mut k = 0;
-    while s.len() + 200 < total {
-        s.push_str(&format!("\\\"{k}\\\",\\\"name {k}\\\",\\\"x\\\"\\n"));
-        k += 1;
-    }
-    user_body(&s)
+    user_text(total, |k| {
+        format!("\\\"{k}\\\",\\\"name {k}\\\",\\\"x\\\"\\n")
+    })
 }
 
 /// An agent chat of about `total` bytes as Python clients write it: each
