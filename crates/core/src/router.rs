@@ -188,6 +188,12 @@ pub struct SpillNote {
     pub reported: bool,
     /// `held_s`, milliseconds: re-prefilling the prompt elsewhere.
     pub held_ms: u32,
+    /// Under an application preamble ([`Key::preamble_group`]), which walk
+    /// its rule gave: `cold` (the group's: a preamble with little of the
+    /// traffic, [`crate::spill::Preambles::cold`]), `owner` (the group's: a
+    /// first turn under a preamble not seen to converse) or `key` (the
+    /// key's).
+    pub preamble: Option<&'static str>,
 }
 
 impl Decision {
@@ -266,6 +272,9 @@ impl Decision {
                         s.push_str(";report=none");
                     }
                     let _ = write!(s, ";held_ms={}", n.held_ms);
+                    if let Some(p) = n.preamble {
+                        let _ = write!(s, ";preamble={p}");
+                    }
                 }
             }
             Decision::Fallback(c) => {
@@ -850,6 +859,13 @@ impl Router {
                 wait_ms: pl.wait_ms,
                 reported: v.load(pl.owner).reported_queue(v.now_ms, fresh).is_some(),
                 held_ms: crate::spill::ms(held_s),
+                preamble: key.preamble_group.then_some(if cold {
+                    "cold"
+                } else if first_turn && !converses {
+                    "owner"
+                } else {
+                    "key"
+                }),
             }),
         })
     }
@@ -1990,6 +2006,7 @@ mod tests {
             wait_ms: Some((1500, 0)),
             reported: true,
             held_ms: 125,
+            preamble: None,
         };
         assert_eq!(
             with(d, priced).describe(r.config()),
@@ -2002,11 +2019,19 @@ mod tests {
             wait_ms: None,
             reported: false,
             held_ms: 40,
+            preamble: None,
         };
         assert_eq!(
             with(d, stayed).describe(r.config()),
             "outcome=spill;host=127.0.0.1:18002;source=prompt;skipped=1;key=00000000000000ab;bytes=12;turn=later;why=owner;report=none;held_ms=40"
         );
+        let cold = SpillNote {
+            preamble: Some("cold"),
+            ..stayed
+        };
+        assert!(with(d, cold)
+            .describe(r.config())
+            .ends_with(";report=none;held_ms=40;preamble=cold"));
     }
 
     #[test]
