@@ -1383,12 +1383,15 @@ mod tests {
                 "{u}: a single prompt meets at its preamble's owner"
             );
         }
-        // A conversation under A opens at A's owner; its second turn goes to
-        // its key owner and shows A converses.
+        // A conversation under A opens at A's owner. Its second turn, A's
+        // second request at this fresh proxy, finds A still cold (hot from
+        // its second request counted), stays there, and shows A converses.
         let (h, k) = place(body(&a, &ua[0], 1), &mut seen);
         assert_eq!(h, owner(k.group));
-        assert_eq!(place(body(&a, &ua[0], 2), &mut seen).0, owner(k.hash));
+        assert_eq!(place(body(&a, &ua[0], 2), &mut seen).0, owner(k.group));
         assert!(seen.converses(k.group));
+        // A is hot now: its third turn takes its key's walk.
+        assert_eq!(place(body(&a, &ua[0], 3), &mut seen).0, owner(k.hash));
         for u in &ua[1..] {
             let (h1, k1) = place(body(&a, u, 1), &mut seen);
             let (h2, _) = place(body(&a, u, 2), &mut seen);
@@ -1402,33 +1405,37 @@ mod tests {
         // preambles opened a conversation: B's prompts keep B's owner.
         let (h, k) = place(body(&b, &ub[0], 1), &mut seen);
         assert_eq!(h, owner(k.group), "another preamble: its owner");
-        // A later turn does not read the set: the same host with or without it.
-        let (h3, _) = place(body(&a, &ua[2], 3), &mut crate::spill::Preambles::default());
+        // A later turn does not read whether its preamble was seen to
+        // converse, only whether it is hot: the same host at a proxy that
+        // saw A's first turns only.
+        let mut firsts = crate::spill::Preambles::default();
+        place(body(&a, &ua[1], 1), &mut firsts);
+        place(body(&a, &ua[2], 1), &mut firsts);
+        assert!(!firsts.converses(k.group));
+        let (h3, _) = place(body(&a, &ua[2], 3), &mut firsts);
         assert_eq!(h3, place(body(&a, &ua[2], 3), &mut seen).0);
 
         // Documents, each in its own system prompt, each asked about in one
-        // conversation. The first few, while this proxy has seen too little
-        // to measure a share, open at the document's owner (a preamble
-        // with no request yet is cold) and go on at their key's owner (one
-        // request among a handful is a large share): each opened a
-        // conversation.
+        // conversation: a preamble with one request is cold, so both turns
+        // stay at the document's owner; each opened a conversation.
         let mut seen = crate::spill::Preambles::default();
         for d in 0..5 {
             let doc = system(&format!("document {d}"));
             let (h1, k) = place(body(&doc, "a reader", 1), &mut seen);
             assert_eq!(h1, owner(k.group), "a new preamble is cold");
-            assert_eq!(place(body(&doc, "a reader", 2), &mut seen).0, owner(k.hash));
+            assert_eq!(place(body(&doc, "a reader", 2), &mut seen).0, h1);
         }
         // So a first turn under a busy application not seen to converse
-        // yet follows that majority: it opens at its key's owner, where
-        // its later turns go.
+        // yet (hot from its second request) follows that majority: it
+        // opens at its key's owner, where its later turns go.
         let c = system("app C");
         let uc = users(&c);
-        let (_, kc) = place(body(&c, &uc[0], 1), &mut seen);
-        let (h, k) = place(body(&c, &uc[1], 1), &mut seen);
+        place(body(&c, &uc[0], 1), &mut seen);
+        let (_, kc) = place(body(&c, &uc[1], 1), &mut seen);
+        let (h, k) = place(body(&c, &uc[2], 1), &mut seen);
         assert_ne!(owner(k.hash), owner(kc.group));
         assert_eq!(h, owner(k.hash), "the majority: its key's owner");
-        assert_eq!(place(body(&c, &uc[1], 2), &mut seen).0, h);
+        assert_eq!(place(body(&c, &uc[2], 2), &mut seen).0, h);
         // Once shares can be measured, each document carries under the
         // bound's slack of one host (1/32 of the traffic at 8 hosts and
         // 1.25): it is cold, and its conversation lives at its owner.

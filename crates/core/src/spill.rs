@@ -317,10 +317,11 @@ impl Preambles {
     /// conversations may all live where it is held: its share of the
     /// recent routed requests ([`SHARE_HORIZON`]) is under `limit`, the
     /// bound's slack on one host (`(capacity_factor - 1) / hosts`), so
-    /// all of it fits on its owner within the bound. Before any
-    /// request was counted, no preamble is.
+    /// all of it fits on its owner within the bound. A proxy that has
+    /// counted fewer than `1.5 / limit` requests judges as if it had: a
+    /// preamble is hot there from its second request.
     pub fn cold(&self, group: u64, limit: f64) -> bool {
-        if limit.is_nan() || limit <= 0.0 || self.total <= 0.0 {
+        if limit.is_nan() || limit <= 0.0 {
             return false;
         }
         let (i, v) = Self::slot(group);
@@ -330,7 +331,9 @@ impl Preambles {
             }
             _ => 0.0,
         };
-        count < limit * self.total
+        // Until 1.5 / limit requests were counted, as if they had been: a
+        // preamble is hot there from its second request.
+        count < limit * self.total.max(1.5 / limit)
     }
 
     /// Whether a first turn under this group opens at its key's owner:
@@ -926,7 +929,13 @@ mod tests {
         // 8 hosts, capacity factor 1.25: the limit is 1/32 of the traffic.
         let limit = 0.25 / 8.0;
         let mut p = Preambles::default();
-        assert!(!p.cold(7, limit), "nothing measured yet");
+        // A fresh proxy judges as if it had counted 1.5 / limit requests:
+        // a preamble is hot there from its second request.
+        assert!(p.cold(7, limit), "nothing counted yet");
+        p.observe(Some((7, false)));
+        assert!(p.cold(7, limit), "one request");
+        p.observe(Some((7, true)));
+        assert!(!p.cold(7, limit), "two requests");
         // An application with a fifth of the traffic, 250 documents with
         // the rest, a few requests each.
         for i in 0..4000u64 {
