@@ -651,7 +651,6 @@ fn dense_fill(
     utf8_known: bool,
     buf: &mut [u8; DENSE_BUF],
 ) -> (usize, usize, bool) {
-    let enc = utf8_word;
     let mut p = 0usize;
     let mut j = j;
     loop {
@@ -660,19 +659,19 @@ fn dense_fill(
         };
         let short = SHORT_ESC.get(usize::from(e)).copied().unwrap_or(0);
         let (w, n, next) = if short != 0 {
-            let (w, n) = enc(u32::from(short));
+            let (w, n) = utf8_word(u32::from(short));
             (w, n, j + 2)
         } else if e == b'u' {
             match hex4_fast(b, j + 2) {
                 Some(c) if !(0xD800..=0xDFFF).contains(&c) => {
-                    let (w, n) = enc(c);
+                    let (w, n) = utf8_word(c);
                     (w, n, j + 6)
                 }
                 Some(c) if c < 0xDC00 && b.get(j + 6..j + 8) == Some(b"\\u") => {
                     // A surrogate pair.
                     match hex4_fast(b, j + 8) {
                         Some(d) if (0xDC00..=0xDFFF).contains(&d) => {
-                            let (w, n) = enc(0x1_0000 + ((c - 0xD800) << 10) + (d - 0xDC00));
+                            let (w, n) = utf8_word(0x1_0000 + ((c - 0xD800) << 10) + (d - 0xDC00));
                             (w, n, j + 12)
                         }
                         _ => return (j, p, false),

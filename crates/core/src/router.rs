@@ -724,10 +724,11 @@ impl Router {
                 let index: &dyn PrefixLookup = req.index.unwrap_or(&NoIndex);
                 self.place_cost(key, &chain, v, index, req.now_ms, params)
             } else if self.cfg.cost.mode == crate::config::CostMode::Spill {
-                let limit = self.preamble_limit();
                 let converses = req.preambles.is_some_and(|p| p.converses(key.group));
-                let cold =
-                    key.preamble_group && req.preambles.is_some_and(|p| p.cold(key.group, limit));
+                let cold = key.preamble_group
+                    && req
+                        .preambles
+                        .is_some_and(|p| p.cold(key.group, self.preamble_limit()));
                 self.place_spill(key, converses, cold, v)
             } else {
                 self.place_ring(key, v)

@@ -241,6 +241,16 @@ struct Share {
 /// traffic is measured over (an exponential decay over about this many).
 pub const SHARE_HORIZON: f64 = 1024.0;
 
+/// What a count keeps of itself per request counted ([`SHARE_HORIZON`]).
+const SHARE_KEEP: f64 = 1.0 - 1.0 / SHARE_HORIZON;
+
+impl Share {
+    /// Its count at `tick`, decayed since it was brought up to date.
+    fn at(&self, tick: u64) -> f64 {
+        self.count * decay(SHARE_KEEP, tick - self.tick)
+    }
+}
+
 impl Default for Preambles {
     fn default() -> Self {
         Preambles {
@@ -271,16 +281,15 @@ impl Preambles {
     /// whether it is a later turn (a later turn puts its group in the
     /// set).
     pub fn observe(&mut self, turn: Option<(u64, bool)>) {
-        let keep_share = 1.0 - 1.0 / SHARE_HORIZON;
         self.tick += 1;
-        self.total = self.total * keep_share + 1.0;
+        self.total = self.total * SHARE_KEEP + 1.0;
         let Some((group, later)) = turn else {
             return;
         };
         let tick = self.tick;
         let (i, v) = Self::slot(group);
         if let Some(s) = self.shares.get_mut(i) {
-            let now = s.count * decay(keep_share, tick - s.tick);
+            let now = s.at(tick);
             *s = if s.group == v {
                 Share {
                     group: v,
@@ -303,7 +312,7 @@ impl Preambles {
                 }
             };
         }
-        if self.seen(group) {
+        if self.slots.get(i) == Some(&v) {
             return;
         }
         let keep = 1.0 - 1.0 / PREAMBLE_HORIZON;
@@ -311,7 +320,6 @@ impl Preambles {
         self.conversed *= keep;
         if later {
             self.conversed += 1.0;
-            let (i, v) = Self::slot(group);
             if let Some(s) = self.slots.get_mut(i) {
                 *s = v;
             }
@@ -333,9 +341,7 @@ impl Preambles {
         }
         let (i, v) = Self::slot(group);
         let count = match self.shares.get(i) {
-            Some(s) if s.group == v => {
-                s.count * decay(1.0 - 1.0 / SHARE_HORIZON, self.tick - s.tick)
-            }
+            Some(s) if s.group == v => s.at(self.tick),
             _ => 0.0,
         };
         // Until 1.5 / limit requests were counted, as if they had been: a
