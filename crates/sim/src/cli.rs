@@ -105,6 +105,10 @@ pub struct SuiteArgs {
     /// No progress display on stderr
     #[arg(long)]
     pub no_progress: bool,
+    /// The filter's policies with its `scrape` on at this period, ms (its
+    /// `scrape.interval_ms`; 0 = off, the default config). Peers unchanged
+    #[arg(long, value_name = "MS", default_value_t = 0.0)]
+    pub scrape_ms: f64,
 }
 
 fn parse_format(v: &str) -> Result<Format, String> {
@@ -213,6 +217,16 @@ pub struct RunArgs {
     /// only (each proxy its own, at each first token: the default config)
     #[arg(long, help_heading = "Routing")]
     pub sampled_reports: bool,
+    /// The filter's `scrape` at this period (its `scrape.interval_ms`; 0 =
+    /// off, the default config): with ORCA, each of the filter's proxies
+    /// also reads one sample a period, the proxies staggered
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 0.0,
+        help_heading = "Routing"
+    )]
+    pub scrape_ms: f64,
 
     /// JSON on stdout instead of the table
     #[arg(long, help_heading = "Output")]
@@ -313,6 +327,7 @@ impl RunArgs {
         a.cfg.report_interval_s = self.report_interval_ms / 1000.0;
         a.cfg.report_delay_s = self.report_delay_ms / 1000.0;
         a.cfg.orca_reports = !self.sampled_reports;
+        a.cfg.scrape_interval_s = self.scrape_ms / 1000.0;
         a.cfg.output_kv = !self.no_output_kv;
         a.cfg.window_s = self.window_s;
         a.cfg.busy_window_s = self.busy_window_s;
@@ -338,9 +353,11 @@ impl RunArgs {
             || a.cfg.busy_window_s <= 0.0
             || a.cfg.report_interval_s < 0.0
             || a.cfg.report_delay_s < 0.0
+            || !(a.cfg.scrape_interval_s.is_finite() && a.cfg.scrape_interval_s >= 0.0)
         {
             return Err(
-                "--window-s and --busy-window-s must be > 0, report interval and delay >= 0".into(),
+                "--window-s and --busy-window-s must be > 0, report interval and delay and --scrape-ms >= 0"
+                    .into(),
             );
         }
         if a.cfg.replicas == 0 || a.cfg.replicas > 4096 {
@@ -681,6 +698,9 @@ pub fn suite_options(s: &SuiteArgs) -> Result<suite::SuiteOptions, String> {
     if s.quick {
         seeds.truncate(1);
     }
+    if !(s.scrape_ms.is_finite() && s.scrape_ms >= 0.0) {
+        return Err("--scrape-ms: must be >= 0".into());
+    }
     Ok(suite::SuiteOptions {
         defs,
         seeds,
@@ -688,6 +708,7 @@ pub fn suite_options(s: &SuiteArgs) -> Result<suite::SuiteOptions, String> {
         quick: s.quick,
         traces: s.traces.clone(),
         progress: !s.no_progress,
+        scrape_s: s.scrape_ms / 1000.0,
     })
 }
 

@@ -67,6 +67,11 @@ pub struct SimConfig {
     /// report only with their own responses' first tokens, each proxy its
     /// own, instead of every sample (`--sampled-reports` turns it off).
     pub orca_reports: bool,
+    /// The filter's `scrape` (`scrape.interval_ms`), seconds (0: off): with
+    /// ORCA, each of the filter's proxies also reads one sample in every
+    /// `scrape_interval_s / report_interval_s`, the proxies' scrapes
+    /// staggered over the period.
+    pub scrape_interval_s: f64,
     /// Load-balance window, seconds.
     pub window_s: f64,
     /// Busy-balance window, seconds (see [`crate::metrics`]).
@@ -87,6 +92,7 @@ impl Default for SimConfig {
             report_interval_s: 0.05,
             report_delay_s: 0.0,
             orca_reports: true,
+            scrape_interval_s: 0.0,
             window_s: 60.0,
             busy_window_s: 5.0,
             output_kv: true,
@@ -119,21 +125,37 @@ fn count_at(counts: &[Vec<u64>], p: usize, h: usize) -> Option<u32> {
         .map(|&c| c.min(u64::from(u32::MAX)) as u32)
 }
 
+/// Whether proxy `p` of `proxies` scrapes sample `sample`
+/// ([`SimConfig::scrape_interval_s`]; every sample with `--sampled-reports`).
+fn scrapes(cfg: &SimConfig, sample: u64, p: usize, proxies: usize) -> bool {
+    if !cfg.orca_reports {
+        return true;
+    }
+    if cfg.scrape_interval_s <= 0.0 || cfg.report_interval_s <= 0.0 {
+        return false;
+    }
+    // `as` saturates; at least one sample a period.
+    let every = ((cfg.scrape_interval_s / cfg.report_interval_s).round() as u64).max(1);
+    let offset = p as u64 * every / proxies.max(1) as u64;
+    (sample + offset).is_multiple_of(every)
+}
+
 /// Make sampled reports visible: to every policy as they are, and to the
-/// filter's policies (`--sampled-reports`) each proxy's copy with its own
+/// filter's policies that scrape this sample ([`scrapes`]) each proxy's copy with its own
 /// in-flight and pending counts at the replica as of now, as the filter's
 /// scrape records them when the sample arrives
 /// ([`prefix_router_core::host_state::record_report`]).
 fn publish(
-    snaps: Vec<Snapshot>,
+    (sample, snaps): (u64, Vec<Snapshot>),
     reports: &mut [Option<Snapshot>],
     orca: &mut [Vec<Option<Snapshot>>],
     inflight: &[Vec<u64>],
     pending: &[Vec<u64>],
     cfg: &SimConfig,
 ) {
-    if !cfg.orca_reports {
-        for (p, mine) in orca.iter_mut().enumerate() {
+    let proxies = orca.len();
+    for (p, mine) in orca.iter_mut().enumerate() {
+        if scrapes(cfg, sample, p, proxies) {
             for (h, (slot, s)) in mine.iter_mut().zip(&snaps).enumerate() {
                 *slot = Some(Snapshot {
                     own: count_at(inflight, p, h),
@@ -184,7 +206,7 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
     // reports on its own responses, else its copies of the samples
     // ([`publish`]).
     let mut orca: Vec<Vec<Option<Snapshot>>> = vec![vec![None; n]; k];
-    let mut deliveries: VecDeque<(f64, Vec<Snapshot>)> = VecDeque::new();
+    let mut deliveries: VecDeque<(f64, (u64, Vec<Snapshot>))> = VecDeque::new();
     let reports_on = cfg.report_interval_s > 0.0;
     let mut sample_k: u64 = 0;
     // Index gossip between proxies: (arrival time, sender, batch); the delay
@@ -332,8 +354,8 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
             continue;
         }
         if td <= t {
-            if let Some((_, snaps)) = deliveries.pop_front() {
-                publish(snaps, &mut reports, &mut orca, &inflight, &pending, cfg);
+            if let Some((_, sample)) = deliveries.pop_front() {
+                publish(sample, &mut reports, &mut orca, &inflight, &pending, cfg);
             }
             continue;
         }
@@ -356,9 +378,16 @@ pub fn simulate(wl: &Workload, spec: &PolicySpec, cfg: &SimConfig) -> Result<Run
                 })
                 .collect();
             if cfg.report_delay_s > 0.0 {
-                deliveries.push_back((at, snaps));
+                deliveries.push_back((at, (sample_k, snaps)));
             } else {
-                publish(snaps, &mut reports, &mut orca, &inflight, &pending, cfg);
+                publish(
+                    (sample_k, snaps),
+                    &mut reports,
+                    &mut orca,
+                    &inflight,
+                    &pending,
+                    cfg,
+                );
             }
             sample_k += 1;
             continue;
@@ -452,7 +481,7 @@ mod tests {
             ..SimConfig::default()
         };
         publish(
-            vec![snap(5), snap(6)],
+            (0, vec![snap(5), snap(6)]),
             &mut reports,
             &mut mine,
             &inflight,
@@ -470,7 +499,7 @@ mod tests {
         // With ORCA the filter's proxies read only their own responses'.
         let mut orca = vec![vec![None; 2]; 2];
         publish(
-            vec![snap(5), snap(6)],
+            (0, vec![snap(5), snap(6)]),
             &mut reports,
             &mut orca,
             &inflight,
@@ -478,5 +507,29 @@ mod tests {
             &SimConfig::default(),
         );
         assert_eq!(orca, vec![vec![None; 2]; 2]);
+    }
+
+    #[test]
+    fn with_the_scrape_each_filter_proxy_reads_one_sample_a_period_staggered() {
+        // 1 s scrape over 50 ms samples: every 20th sample, the 4 proxies
+        // 5 samples apart.
+        let cfg = SimConfig {
+            scrape_interval_s: 1.0,
+            ..SimConfig::default()
+        };
+        let read: Vec<Vec<u64>> = (0..4)
+            .map(|p| (0..40).filter(|&k| scrapes(&cfg, k, p, 4)).collect())
+            .collect();
+        assert_eq!(
+            read,
+            vec![vec![0, 20], vec![15, 35], vec![10, 30], vec![5, 25]]
+        );
+        // Off by default; every sample with `--sampled-reports`.
+        assert!((0..40).all(|k| !scrapes(&SimConfig::default(), k, 0, 1)));
+        let sampled = SimConfig {
+            orca_reports: false,
+            ..SimConfig::default()
+        };
+        assert!((0..40).all(|k| scrapes(&sampled, k, 3, 4)));
     }
 }

@@ -48,6 +48,7 @@ fn tiny_options(threads: usize) -> SuiteOptions {
         quick: false,
         traces: std::path::PathBuf::from("/nonexistent"),
         progress: false,
+        scrape_s: 0.0,
     }
 }
 

@@ -29,6 +29,9 @@ pub struct SuiteOptions {
     pub traces: PathBuf,
     /// Show progress on stderr.
     pub progress: bool,
+    /// The filter's `scrape` period, seconds ([`SimConfig::scrape_interval_s`];
+    /// 0: off, the default config).
+    pub scrape_s: f64,
 }
 
 /// One seed of one workload: its size, bound and runs.
@@ -57,6 +60,8 @@ pub struct SuiteResult {
     pub policies: Vec<String>,
     pub seeds: Vec<u64>,
     pub quick: bool,
+    /// [`SuiteOptions::scrape_s`].
+    pub scrape_s: f64,
     pub workloads: Vec<WorkloadRuns>,
     /// Simulations run.
     pub runs: usize,
@@ -229,7 +234,10 @@ pub fn run_suite(o: &SuiteOptions) -> Result<SuiteResult, String> {
             let scale = def.scales.get(l).copied().unwrap_or(1.0);
             let seed = o.seeds.get(s).copied().unwrap_or(1);
             let proxies = PROXIES.get(k).copied().unwrap_or(1);
-            let c = suite_config(b.wl.block_tokens, seed, scale, proxies);
+            let c = SimConfig {
+                scrape_interval_s: o.scrape_s,
+                ..suite_config(b.wl.block_tokens, seed, scale, proxies)
+            };
             simulate(&b.wl, spec, &c).map_err(|e| {
                 format!(
                     "{} seed {seed} x{scale} {proxies}p {}: {e}",
@@ -300,6 +308,7 @@ pub fn run_suite(o: &SuiteOptions) -> Result<SuiteResult, String> {
         policies,
         seeds: o.seeds.clone(),
         quick: o.quick,
+        scrape_s: o.scrape_s,
         workloads,
         runs: n_runs,
     })

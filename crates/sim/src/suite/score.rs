@@ -468,6 +468,7 @@ pub fn to_json(s: &SuiteResult, b: &Scoreboard) -> Value {
             "proxies": PROXIES,
             "seeds": s.seeds,
             "quick": s.quick,
+            "filter_scrape_ms": s.scrape_s * 1000.0,
             "policies": s.policies,
             "peers": PEERS,
             "busy_window_s": defs::BUSY_WINDOW_S,
@@ -540,6 +541,13 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
         s.runs,
         if s.quick { " (--quick: shortened workloads, load definitions not guaranteed)" } else { "" }
     );
+    if s.scrape_s > 0.0 {
+        let _ = writeln!(
+            out,
+            "the filter's policies with the scrape on every {} ms (not the default config; peers unchanged)",
+            s.scrape_s * 1000.0
+        );
+    }
     let _ = writeln!(
         out,
         "default policy: {DEFAULT_POLICY}; peers: {} (best peer per cell: lowest TTFT p90 / highest hit rate)",
