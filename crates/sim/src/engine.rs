@@ -24,7 +24,9 @@
 //! `orca_reports = false` gives the filter's policies those samples too
 //! (a `scrape` at that period), each proxy's copy with its own in-flight
 //! and pending counts as of the sample's arrival, as the filter records
-//! them. Interval 0 turns the samples off.
+//! them; `scrape_interval_s` gives them, besides ORCA, one sample a period
+//! (the filter's `scrape`), the proxies staggered over it. Interval 0
+//! turns the samples off.
 //!
 //! ## Multi-proxy
 //! With `proxies = K`, K independent instances of the policy route requests

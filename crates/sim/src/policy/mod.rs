@@ -487,7 +487,7 @@ pub fn sees_lines<'a>(
         "no replica reports (--report-interval-ms 0)".to_string()
     };
     let reports = if orca {
-        format!("{reports}; prefix-router and prefix-router-cost instead read ORCA on their own responses (at each first token, each proxy its own; --sampled-reports: the samples)")
+        format!("{reports}; prefix-router and prefix-router-cost instead read ORCA on their own responses (at each first token, each proxy its own; --scrape-ms: and one sample a period; --sampled-reports: every sample instead)")
     } else {
         reports
     };
