@@ -832,6 +832,10 @@ impl Router {
         // will after this request (a conversation's next turn comes back
         // to it): leaving costs re-prefilling it.
         let held_s = key.prompt_bytes as f64 / p.bytes_per_token / p.prefill_tokens_per_s;
+        // Under an application preamble, the key's walk unless the
+        // preamble is cold, or this is a first turn under one not seen to
+        // converse (then the group's owner).
+        let by_key = key.preamble_group && !cold && (converses || !first_turn);
         let x = crate::spill::Rule {
             held_s,
             service_s: p.service_s,
@@ -840,7 +844,7 @@ impl Router {
             // conversation goes, and so does a first turn once the
             // preamble is seen to converse; other first turns go where
             // the preamble is held.
-            group: (cold || (first_turn && !converses) || !key.preamble_group).then_some(key.group),
+            group: (!by_key).then_some(key.group),
             first_turn,
         };
         let pl = crate::spill::place_by(&self.ring, key.hash, &self.bound(), &hosts, &x)?;
@@ -860,12 +864,10 @@ impl Router {
                 wait_ms: pl.wait_ms,
                 reported: v.load(pl.owner).reported_queue(v.now_ms, fresh).is_some(),
                 held_ms: crate::spill::ms(held_s),
-                preamble: key.preamble_group.then_some(if cold {
-                    "cold"
-                } else if first_turn && !converses {
-                    "owner"
-                } else {
-                    "key"
+                preamble: key.preamble_group.then_some(match (cold, by_key) {
+                    (true, _) => "cold",
+                    (false, true) => "key",
+                    (false, false) => "owner",
                 }),
             }),
         })

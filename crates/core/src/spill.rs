@@ -244,6 +244,10 @@ pub const SHARE_HORIZON: f64 = 1024.0;
 /// What a count keeps of itself per request counted ([`SHARE_HORIZON`]).
 const SHARE_KEEP: f64 = 1.0 - 1.0 / SHARE_HORIZON;
 
+/// What the opened and conversed counts keep per first turn counted
+/// ([`PREAMBLE_HORIZON`]).
+const PREAMBLE_KEEP: f64 = 1.0 - 1.0 / PREAMBLE_HORIZON;
+
 impl Share {
     /// Its count at `tick`, decayed since it was brought up to date.
     fn at(&self, tick: u64) -> f64 {
@@ -315,9 +319,8 @@ impl Preambles {
         if self.slots.get(i) == Some(&v) {
             return;
         }
-        let keep = 1.0 - 1.0 / PREAMBLE_HORIZON;
-        self.opened *= keep;
-        self.conversed *= keep;
+        self.opened *= PREAMBLE_KEEP;
+        self.conversed *= PREAMBLE_KEEP;
         if later {
             self.conversed += 1.0;
             if let Some(s) = self.slots.get_mut(i) {
