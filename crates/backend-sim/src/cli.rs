@@ -162,6 +162,7 @@ impl Args {
             decode_step_s: self.decode_ms_per_token / 1000.0,
             decode_step_per_seq_s: self.decode_ms_per_seq / 1000.0,
             attention_coeff: self.attention_coeff,
+            ..CostModel::default()
         };
         Config {
             listen: self.listen.clone(),

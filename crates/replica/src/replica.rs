@@ -21,10 +21,13 @@
 //!   produces the first token ([`Event::FirstToken`]).
 //! * **Decode**: the remaining `output_tokens - 1` tokens are produced one
 //!   per decode step; all decoding requests advance together, with step time
-//!   [`CostModel::decode_step_time`] of the current decode batch size. This
-//!   is tracked exactly with a "virtual decode clock", so a batch-dependent
-//!   step time is handled without simulating every step. Decode runs
-//!   concurrently with prefill.
+//!   [`CostModel::decode_step_time_ctx`] of the current decode batch: its
+//!   size and its context tokens (each sequence counted at its prompt plus
+//!   half its output). This is tracked exactly with a "virtual decode
+//!   clock", so a batch-dependent step time is handled without simulating
+//!   every step. Decode runs concurrently with prefill; a prefill takes
+//!   [`CostModel::prefill_mix_time`] longer for the decoding context when it
+//!   starts (0 unless `kv_read_s_per_token` is set).
 //! * **Reported counts** mirror what vLLM v1 and SGLang export, not the
 //!   admission state above: "waiting" ([`Replica::num_waiting`], vLLM's
 //!   `num_requests_waiting`, SGLang's `num_queue_reqs`) is every request
@@ -171,6 +174,8 @@ pub struct Replica {
     prefill_queue: VecDeque<ReqId>,
     prefilling: Option<(ReqId, Time)>,
     decoding: BTreeMap<DecodeKey, ReqId>,
+    /// Context tokens of the decoding requests ([`Replica::context_of`]).
+    decoding_ctx: u64,
     /// Virtual decode clock: decode steps taken since start (fractional).
     vclock: f64,
     seq: u64,
@@ -193,6 +198,7 @@ impl Replica {
             prefill_queue: VecDeque::new(),
             prefilling: None,
             decoding: BTreeMap::new(),
+            decoding_ctx: 0,
             vclock: 0.0,
             seq: 0,
             pending: Vec::new(),
@@ -375,6 +381,7 @@ impl Replica {
             }
             Phase::Decoding(key) => {
                 self.decoding.remove(&key);
+                self.decoding_ctx = self.decoding_ctx.saturating_sub(Self::context_of(&req));
             }
         }
         self.cache.release(req.prompt.blocks(), req.private_tokens);
@@ -406,7 +413,14 @@ impl Replica {
     // ---- internals ----
 
     fn step_time(&self) -> f64 {
-        self.cost.decode_step_time(self.decoding.len())
+        self.cost
+            .decode_step_time_ctx(self.decoding.len(), self.decoding_ctx)
+    }
+
+    /// A decoding request's KV context for the step cost: its prompt plus
+    /// half its output (its mean over the decode).
+    fn context_of(req: &Req) -> u64 {
+        req.prompt.tokens().saturating_add(req.output_tokens / 2)
     }
 
     fn next_decode_time(&self) -> Option<Time> {
@@ -478,6 +492,7 @@ impl Replica {
                 self.seq += 1;
                 let key = (vdone.to_bits(), self.seq);
                 req.phase = Phase::Decoding(key);
+                self.decoding_ctx = self.decoding_ctx.saturating_add(Self::context_of(req));
                 self.decoding.insert(key, req_id);
             }
         }
@@ -491,6 +506,9 @@ impl Replica {
 
     fn finish(&mut self, req_id: ReqId) {
         if let Some(req) = self.reqs.remove(&req_id) {
+            if matches!(req.phase, Phase::Decoding(_)) {
+                self.decoding_ctx = self.decoding_ctx.saturating_sub(Self::context_of(&req));
+            }
             self.cache.release(req.prompt.blocks(), req.private_tokens);
             self.completed += 1;
             self.generation_tokens_total += req.output_tokens;
@@ -530,7 +548,9 @@ impl Replica {
         while let Some(req_id) = self.prefill_queue.pop_front() {
             if let Some(req) = self.reqs.get_mut(&req_id) {
                 let uncached = req.prompt.tokens().saturating_sub(req.cached_tokens);
-                let end = self.now + self.cost.prefill_time(uncached, req.cached_tokens);
+                let end = self.now
+                    + self.cost.prefill_time(uncached, req.cached_tokens)
+                    + self.cost.prefill_mix_time(uncached, self.decoding_ctx);
                 req.phase = Phase::Prefilling;
                 self.prefilling = Some((req_id, end));
                 return;
@@ -556,6 +576,8 @@ mod tests {
             attention_coeff: 0.0,
             decode_step_s: 0.01,
             decode_step_per_seq_s: 0.0,
+            kv_read_s_per_token: 0.0,
+            prefill_chunk_tokens: 8192,
             max_running: 4,
             block_tokens: 16,
             cache_capacity_tokens: 10_000,
@@ -731,6 +753,35 @@ mod tests {
         let ev = run_all(&mut r);
         assert_eq!(ev.len(), 2);
         assert!(r.cache().used_tokens() <= 640);
+    }
+
+    #[test]
+    fn a_large_batch_context_slows_decode_and_the_next_prefill() {
+        let m = CostModel {
+            kv_read_s_per_token: 1e-5,
+            prefill_chunk_tokens: 64,
+            ..model()
+        };
+        // Alone: a 100-token prompt prefills in 0.1 s, then 10 steps of
+        // 0.01 + 1e-5 x (100 + 11 / 2) tokens of context.
+        let mut r = Replica::new(m.clone());
+        r.submit(1, Prompt::uncacheable(100, 16), 11, 0.0).unwrap();
+        let ev = run_all(&mut r);
+        assert!(close(ev[0].time(), 0.1));
+        assert!(close(ev[1].time(), 0.1 + 10.0 * (0.01 + 1e-5 * 105.0)));
+        // A prefill starting while request 1 decodes pays 2 chunks of its
+        // context: 0.1 + 2 x 1e-5 x 105.
+        let mut r = Replica::new(m);
+        r.submit(1, Prompt::uncacheable(100, 16), 11, 0.0).unwrap();
+        r.submit(2, Prompt::uncacheable(100, 16), 11, 0.05).unwrap();
+        let ev = run_all(&mut r);
+        let first2 = ev
+            .iter()
+            .find(|e| matches!(e, Event::FirstToken { req_id: 2, .. }))
+            .unwrap();
+        assert!(close(first2.time(), 0.2 + 2.0 * 1e-5 * 105.0));
+        // Nothing decodes at the end: the context sum went back to 0.
+        assert_eq!(r.decoding_ctx, 0);
     }
 
     #[test]

@@ -109,6 +109,11 @@ pub struct SuiteArgs {
     /// `scrape.interval_ms`; 0 = off, the default config). Peers unchanged
     #[arg(long, value_name = "MS", default_value_t = 0.0)]
     pub scrape_ms: f64,
+    /// Every replica with the memory-bound batch cost (as the plain runs'
+    /// --batch-cost), every policy alike: a check that the scoreboard's
+    /// order holds where a large batch slows its replica
+    #[arg(long)]
+    pub batch_cost: bool,
 }
 
 fn parse_format(v: &str) -> Result<Format, String> {
@@ -171,6 +176,11 @@ pub struct RunArgs {
     /// Add the quadratic attention term (Llama-8B coefficient)
     #[arg(long, help_heading = "Fleet")]
     pub attention: bool,
+    /// Memory-bound batch cost (Llama-3.1-8B, H100): a decode step is 5 ms
+    /// plus 39 ns per context token decoding, and each 8,192-token prefill
+    /// chunk pays the same read (replaces --decode-step-ms)
+    #[arg(long, help_heading = "Fleet")]
+    pub batch_cost: bool,
     /// Replicas do not keep generated tokens' KV (vLLM does)
     #[arg(long, help_heading = "Fleet")]
     pub no_output_kv: bool,
@@ -323,6 +333,9 @@ impl RunArgs {
         a.cfg.cost.max_running = self.max_running;
         if self.attention {
             a.cfg.cost.attention_coeff = CostModel::LLAMA_8B_ATTENTION_COEFF;
+        }
+        if self.batch_cost {
+            a.cfg.cost = a.cfg.cost.with_batch_cost();
         }
         a.cfg.report_interval_s = self.report_interval_ms / 1000.0;
         a.cfg.report_delay_s = self.report_delay_ms / 1000.0;
@@ -709,6 +722,7 @@ pub fn suite_options(s: &SuiteArgs) -> Result<suite::SuiteOptions, String> {
         traces: s.traces.clone(),
         progress: !s.no_progress,
         scrape_s: s.scrape_ms / 1000.0,
+        batch_cost: s.batch_cost,
     })
 }
 

@@ -243,13 +243,22 @@ pub fn to_table(rep: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "fleet     {} replicas x {} KV tokens ({}-token blocks); prefill {:.0} tok/s{}, decode step {:.0} ms, max {} running",
+        "fleet     {} replicas x {} KV tokens ({}-token blocks); prefill {:.0} tok/s{}, decode step {:.0} ms{}, max {} running",
         c.replicas,
         c.cost.cache_capacity_tokens,
         c.cost.block_tokens,
         c.cost.prefill_tokens_per_s,
         if c.cost.attention_coeff > 0.0 { " + attention" } else { "" },
         c.cost.decode_step_s * 1000.0,
+        if c.cost.kv_read_s_per_token > 0.0 {
+            format!(
+                " + {:.0} ns per context token decoding (also per {}-token prefill chunk)",
+                c.cost.kv_read_s_per_token * 1e9,
+                c.cost.prefill_chunk_tokens
+            )
+        } else {
+            String::new()
+        },
         c.cost.max_running
     );
     let _ = writeln!(

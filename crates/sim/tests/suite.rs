@@ -49,6 +49,7 @@ fn tiny_options(threads: usize) -> SuiteOptions {
         traces: std::path::PathBuf::from("/nonexistent"),
         progress: false,
         scrape_s: 0.0,
+        batch_cost: false,
     }
 }
 
@@ -104,6 +105,40 @@ fn suite_json_is_byte_identical_for_a_seed() {
     let r = run_suite(&o).expect("suite runs");
     let other = serde_json::to_string_pretty(&score::to_json(&r, &score::score(&r))).expect("json");
     assert_ne!(a, other);
+}
+
+#[test]
+fn the_batch_cost_slows_the_replicas_of_every_policy() {
+    let flat = run_suite(&tiny_options(2)).expect("suite runs");
+    let mut o = tiny_options(2);
+    o.batch_cost = true;
+    let costly = run_suite(&o).expect("suite runs");
+    let v = score::to_json(&costly, &score::score(&costly));
+    assert_eq!(v["suite"]["batch_cost"], true);
+    assert_eq!(
+        score::to_json(&flat, &score::score(&flat))["suite"]["batch_cost"],
+        false
+    );
+    // The same runs in the same order; a 5 ms step plus the batch's KV
+    // read instead of a flat 15 ms changes every policy's end-to-end times.
+    let runs = |r: &prefix_router_sim::suite::SuiteResult| -> Vec<(String, f64)> {
+        r.workloads
+            .iter()
+            .flat_map(|w| &w.seeds)
+            .flat_map(|s| s.results.iter().flatten().flatten())
+            .map(|x| (x.policy.clone(), x.e2e.p50))
+            .collect()
+    };
+    let (a, b) = (runs(&flat), runs(&costly));
+    assert_eq!(a.len(), b.len());
+    assert!(!a.is_empty());
+    for ((pa, ea), (pb, eb)) in a.iter().zip(&b) {
+        assert_eq!(pa, pb);
+        assert!(
+            ea != eb,
+            "{pa}: e2e p50 {ea} with and without the batch cost"
+        );
+    }
 }
 
 #[test]
@@ -496,6 +531,13 @@ fn suite_command_line() {
     };
     let o = suite_options(&s).expect("options");
     assert!(s.json);
+    assert!(!o.batch_cost);
+    let costly =
+        Cli::try_parse_from(["prefix-router-sim", "suite", "--batch-cost"]).expect("parses");
+    let Some(Command::Suite(c)) = costly.command else {
+        panic!("not the suite");
+    };
+    assert!(suite_options(&c).expect("options").batch_cost);
     assert_eq!(o.seeds, vec![5, 6]);
     assert!(o.defs.iter().all(|d| d.half == Half::Check) && !o.defs.is_empty());
     let quick = Cli::try_parse_from(["prefix-router-sim", "suite", "--quick"]).expect("parses");

@@ -32,6 +32,9 @@ pub struct SuiteOptions {
     /// The filter's `scrape` period, seconds ([`SimConfig::scrape_interval_s`];
     /// 0: off, the default config).
     pub scrape_s: f64,
+    /// Replicas with the memory-bound batch cost
+    /// ([`prefix_router_replica::CostModel::with_batch_cost`]).
+    pub batch_cost: bool,
 }
 
 /// One seed of one workload: its size, bound and runs.
@@ -62,6 +65,8 @@ pub struct SuiteResult {
     pub quick: bool,
     /// [`SuiteOptions::scrape_s`].
     pub scrape_s: f64,
+    /// [`SuiteOptions::batch_cost`].
+    pub batch_cost: bool,
     pub workloads: Vec<WorkloadRuns>,
     /// Simulations run.
     pub runs: usize,
@@ -234,10 +239,13 @@ pub fn run_suite(o: &SuiteOptions) -> Result<SuiteResult, String> {
             let scale = def.scales.get(l).copied().unwrap_or(1.0);
             let seed = o.seeds.get(s).copied().unwrap_or(1);
             let proxies = PROXIES.get(k).copied().unwrap_or(1);
-            let c = SimConfig {
+            let mut c = SimConfig {
                 scrape_interval_s: o.scrape_s,
                 ..suite_config(b.wl.block_tokens, seed, scale, proxies)
             };
+            if o.batch_cost {
+                c.cost = c.cost.with_batch_cost();
+            }
             simulate(&b.wl, spec, &c).map_err(|e| {
                 format!(
                     "{} seed {seed} x{scale} {proxies}p {}: {e}",
@@ -309,6 +317,7 @@ pub fn run_suite(o: &SuiteOptions) -> Result<SuiteResult, String> {
         seeds: o.seeds.clone(),
         quick: o.quick,
         scrape_s: o.scrape_s,
+        batch_cost: o.batch_cost,
         workloads,
         runs: n_runs,
     })

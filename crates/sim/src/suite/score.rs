@@ -335,6 +335,7 @@ fn run_json(r: &RunResult) -> Value {
     json!({
         "policy": r.policy,
         "ttft_s": {"p50": r6(r.ttft.p50), "p90": r6(r.ttft.p90), "p99": r6(r.ttft.p99)},
+        "e2e_s": {"p50": r6(r.e2e.p50), "p90": r6(r.e2e.p90)},
         "hit_rate": r6(r.hit_rate),
         "completed": r.completed,
         "busy_balance": {
@@ -469,6 +470,7 @@ pub fn to_json(s: &SuiteResult, b: &Scoreboard) -> Value {
             "seeds": s.seeds,
             "quick": s.quick,
             "filter_scrape_ms": s.scrape_s * 1000.0,
+            "batch_cost": s.batch_cost,
             "policies": s.policies,
             "peers": PEERS,
             "busy_window_s": defs::BUSY_WINDOW_S,
@@ -541,6 +543,12 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
         s.runs,
         if s.quick { " (--quick: shortened workloads, load definitions not guaranteed)" } else { "" }
     );
+    if s.batch_cost {
+        let _ = writeln!(
+            out,
+            "replicas with the memory-bound batch cost (--batch-cost: 5 ms steps plus 39 ns per context token decoding; not the suite's own model)"
+        );
+    }
     if s.scrape_s > 0.0 {
         let _ = writeln!(
             out,
