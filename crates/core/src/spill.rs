@@ -20,7 +20,7 @@
 //!    its owner would otherwise take every conversation's later turns. A
 //!    first turn goes to the group's owner, where single prompts sharing
 //!    the preamble meet, unless this proxy has seen a later turn under that
-//!    preamble, or most first turns under preambles it had not seen so
+//!    preamble, or at least half the first turns under preambles it had not seen so
 //!    opened conversations ([`Preambles`]): then it takes its key's walk
 //!    too, and opens where its later turns go. A *cold* preamble, one
 //!    that carries less of this proxy's recent requests than the bound's
@@ -74,10 +74,12 @@
 //!    group, so the move pays its own re-prefill too); else `o` keeps it.
 //!    Without this, one key for all traffic (prompts sharing more than
 //!    `key.prefix_bytes`) piled onto its four candidates while the rest of
-//!    the fleet idled. If every candidate is over its bound: plain bounded
-//!    loads along the whole walk ([`Ring::place`]).
+//!    the fleet idled. If every candidate is over its bound and no host
+//!    past them qualifies (a later turn: if every candidate is over its
+//!    bound): plain bounded loads along the key's walk ([`Ring::place`]).
 //! 5. **No fresh report for `o`**: a later turn stays at `o`. A first
-//!    turn over `o`'s bound takes plain bounded loads ([`Ring::place`]):
+//!    turn over `o`'s plain bound (`c`, not the per-key `c^u`) goes to the
+//!    first candidate under its bound, else the key's walk ([`Ring::place`]):
 //!    nothing then moves the conversation's later turns off `o`, so the
 //!    bound decides; under it, `q_o` is this proxy's own requests waiting
 //!    at `o` and step 3 prices it (behind vLLM, whose streams carry no

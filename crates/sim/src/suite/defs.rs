@@ -192,7 +192,7 @@ pub fn workloads() -> Vec<WorkloadDef> {
         WorkloadDef {
             name: "chat",
             half: Half::Check,
-            what: "real human chats (BYU Chit-Chat, ShareGPT shape), first 1,000 conversations, up to 8 turns each, exponential think time (mean 10 s)",
+            what: "real human chats (BYU Chit-Chat, ShareGPT shape), first 8,000 requests (1,451 conversations of up to 8 turns), exponential think time (mean 10 s)",
             source: Source::Trace {
                 file: CHITCHAT,
                 format: Format::ShareGpt,
