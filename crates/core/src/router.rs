@@ -1567,10 +1567,19 @@ mod tests {
                 );
                 assert_eq!(d, d2);
                 assert_eq!(chain, PromptChain::default());
+                // Plain bounded loads, computed by the ring alone.
                 let k = r.key(Api::ChatCompletions, body.as_bytes(), None).unwrap();
-                let src = SliceLoads(&loads, 5);
-                let v = View::new(&r, &src, 0, false);
-                assert_eq!(Some(d), r.place_ring(k, &v));
+                let inflight: Vec<u64> = loads.iter().map(|l| l.inflight).collect();
+                let want = r
+                    .ring()
+                    .place(k.hash, &inflight, &r.bound(), &[true; 5])
+                    .unwrap();
+                match d {
+                    Decision::Routed { host, skipped, .. } => {
+                        assert_eq!((host, skipped), (want.host, want.skipped))
+                    }
+                    other => panic!("{other:?}"),
+                }
             }
         }
     }

@@ -107,8 +107,12 @@ fn suite_json_is_byte_identical_for_a_seed() {
     assert_ne!(a, other);
 }
 
+/// `--batch-cost` reaches every run of the suite. Its direction, a large
+/// batch's context slowing its steps, is the replica crate's test
+/// `a_large_batch_context_slows_decode_and_the_next_prefill`; on these tiny
+/// prompts a 5 ms step over little context is faster than the flat 15 ms.
 #[test]
-fn the_batch_cost_slows_the_replicas_of_every_policy() {
+fn the_batch_cost_reaches_every_run_of_the_suite() {
     let flat = run_suite(&tiny_options(2)).expect("suite runs");
     let mut o = tiny_options(2);
     o.batch_cost = true;
@@ -119,8 +123,8 @@ fn the_batch_cost_slows_the_replicas_of_every_policy() {
         score::to_json(&flat, &score::score(&flat))["suite"]["batch_cost"],
         false
     );
-    // The same runs in the same order; a 5 ms step plus the batch's KV
-    // read instead of a flat 15 ms changes every policy's end-to-end times.
+    // The same runs in the same order, each faster end to end: 5 ms steps
+    // plus the read of a little context instead of a flat 15 ms.
     let runs = |r: &prefix_router_sim::suite::SuiteResult| -> Vec<(String, f64)> {
         r.workloads
             .iter()
@@ -134,10 +138,7 @@ fn the_batch_cost_slows_the_replicas_of_every_policy() {
     assert!(!a.is_empty());
     for ((pa, ea), (pb, eb)) in a.iter().zip(&b) {
         assert_eq!(pa, pb);
-        assert!(
-            ea != eb,
-            "{pa}: e2e p50 {ea} with and without the batch cost"
-        );
+        assert!(eb < ea, "{pa}: e2e p50 {ea} flat, {eb} with the batch cost");
     }
 }
 
