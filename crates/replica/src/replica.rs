@@ -597,6 +597,11 @@ mod tests {
         out
     }
 
+    /// The time of the first event matching `f`.
+    fn time_of(ev: &[Event], f: impl Fn(&Event) -> bool) -> f64 {
+        ev.iter().find(|e| f(e)).unwrap().time()
+    }
+
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
     }
@@ -775,11 +780,8 @@ mod tests {
         r.submit(1, Prompt::uncacheable(100, 16), 11, 0.0).unwrap();
         r.submit(2, Prompt::uncacheable(100, 16), 11, 0.05).unwrap();
         let ev = run_all(&mut r);
-        let first2 = ev
-            .iter()
-            .find(|e| matches!(e, Event::FirstToken { req_id: 2, .. }))
-            .unwrap();
-        assert!(close(first2.time(), 0.2 + 2.0 * 1e-5 * 105.0));
+        let first2 = time_of(&ev, |e| matches!(e, Event::FirstToken { req_id: 2, .. }));
+        assert!(close(first2, 0.2 + 2.0 * 1e-5 * 105.0));
         // Nothing decodes at the end: the context sum went back to 0.
         assert_eq!(r.decoding_ctx, 0);
     }
@@ -800,11 +802,8 @@ mod tests {
         r.submit(1, Prompt::uncacheable(100, 16), 11, 0.0).unwrap();
         r.submit(2, Prompt::uncacheable(100, 16), 11, 0.0).unwrap();
         let ev = run_all(&mut r);
-        let done1 = ev
-            .iter()
-            .find(|e| matches!(e, Event::Done { req_id: 1, .. }))
-            .unwrap();
-        assert!(done1.time() > 0.1 + 10.0 * 0.02 + 1e-6);
+        let done1 = time_of(&ev, |e| matches!(e, Event::Done { req_id: 1, .. }));
+        assert!(done1 > 0.1 + 10.0 * 0.02 + 1e-6);
         // Events are in chronological order.
         assert!(ev.windows(2).all(|w| w[0].time() <= w[1].time()));
     }
