@@ -544,9 +544,12 @@ pub fn to_table(s: &SuiteResult, b: &Scoreboard) -> String {
         if s.quick { " (--quick: shortened workloads, load definitions not guaranteed)" } else { "" }
     );
     if s.batch_cost {
+        let c = prefix_router_replica::CostModel::default().with_batch_cost();
         let _ = writeln!(
             out,
-            "replicas with the memory-bound batch cost (--batch-cost: 5 ms steps plus 39 ns per context token decoding; not the suite's own model)"
+            "replicas with the memory-bound batch cost (--batch-cost: {:.0} ms steps plus {:.0} ns per context token decoding; not the suite's own model)",
+            c.decode_step_s * 1e3,
+            c.kv_read_s_per_token * 1e9
         );
     }
     if s.scrape_s > 0.0 {
