@@ -49,15 +49,17 @@ pub fn bodies() -> Vec<(&'static str, Vec<u8>)> {
         "escapes",
         user(&format!("\"{}\"", "\\n".repeat(SIZE / 2 - 60))),
     ));
+    out.extend(workload::escaped_bodies(SIZE));
     out
 }
 
-/// Envoy's CPU milliseconds per request for each body, with `mode`'s config.
+/// Envoy's CPU milliseconds per request for each body, with `mode`'s config, and (with the
+/// filter) the share of each body's requests it routed.
 fn measure(
     mode: EnvoyMode,
     bodies: &[(&str, Vec<u8>)],
     requests: usize,
-) -> Result<(Vec<f64>, String), String> {
+) -> Result<(Vec<f64>, Vec<f64>, String), String> {
     let mut lab = Lab::start(&LabOptions {
         label: "hostile-cpu".into(),
         backends: 4,
@@ -79,7 +81,13 @@ fn measure(
     let agent = http::agent(Duration::from_secs(30));
     let tick = clock_ticks_per_s();
     let mut ms = Vec::with_capacity(bodies.len());
+    let mut routed = Vec::with_capacity(bodies.len());
+    let routed_now = || -> Result<f64, String> {
+        let samples = envoy.prometheus().map_err(|e| e.to_string())?;
+        Ok(prom::sum_matching(&samples, &["prefix_router_routed"]))
+    };
     for (name, body) in bodies {
+        let was = routed_now()?;
         let send = || http::post_json_bytes(&agent, &url, body).map_err(|e| format!("{name}: {e}"));
         for _ in 0..5 {
             send()?;
@@ -90,6 +98,7 @@ fn measure(
         }
         let ticks = cpu_ticks(pid)? - before;
         ms.push(ticks as f64 / tick * 1e3 / requests.max(1) as f64);
+        routed.push((routed_now()? - was) / (requests + 5) as f64);
     }
     let samples = envoy.prometheus().map_err(|e| e.to_string())?;
     let counts = format!(
@@ -100,7 +109,7 @@ fn measure(
             - prom::sum_matching(&samples, &["prefix_router_fallback_too_complex"]),
     );
     lab.stop();
-    Ok((ms, counts))
+    Ok((ms, routed, counts))
 }
 
 /// Runs the measurement and returns the printed table.
@@ -111,17 +120,18 @@ pub fn run(rounds: usize, requests: usize) -> Result<String, String> {
         vec![f64::INFINITY; bodies.len()],
     ];
     let mut counts = String::new();
+    let mut routed = vec![0.0; bodies.len()];
     for _ in 0..rounds.max(1) {
         for (k, mode) in [EnvoyMode::RoundRobin, EnvoyMode::PrefixRouter]
             .into_iter()
             .enumerate()
         {
-            let (ms, c) = measure(mode, &bodies, requests)?;
+            let (ms, r, c) = measure(mode, &bodies, requests)?;
             for (b, m) in best[k].iter_mut().zip(ms) {
                 *b = b.min(m);
             }
             if k == 1 {
-                counts = c;
+                (routed, counts) = (r, c);
             }
         }
     }
@@ -129,23 +139,25 @@ pub fn run(rounds: usize, requests: usize) -> Result<String, String> {
     let plain = pr[0] - rr[0];
     let mut out = format!(
         "Envoy CPU ms per request (Envoy 1.40, 1 worker, utime+stime over {requests} requests \
-         a body, min of {} rounds); with the filter, last round: {counts}\n\n{:<24}{:>9}{:>8}{:>8}{:>10}{:>9}\n",
+         a body, min of {} rounds); with the filter, last round: {counts}\n\n{:<24}{:>9}{:>8}{:>8}{:>10}{:>9}{:>8}\n",
         rounds.max(1),
         "body",
         "bytes",
         "rr ms",
         "pr ms",
         "added ms",
-        "x plain"
+        "x plain",
+        "routed"
     );
     for (i, (name, body)) in bodies.iter().enumerate() {
         let added = pr[i] - rr[i];
         out.push_str(&format!(
-            "{name:<24}{:>9}{:>8.2}{:>8.2}{added:>10.2}{:>9.2}\n",
+            "{name:<24}{:>9}{:>8.2}{:>8.2}{added:>10.2}{:>9.2}{:>7.0}%\n",
             body.len(),
             rr[i],
             pr[i],
-            added / plain
+            added / plain,
+            100.0 * routed.get(i).copied().unwrap_or(0.0)
         ));
     }
     Ok(out)

@@ -808,9 +808,119 @@ pub fn dense_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
     ]
 }
 
+/// Chat bodies of about `size` bytes whose strings are dense with escapes, as clients
+/// write them: a coding agent reading source files (this repository's own), German prose
+/// as Python's `json.dumps` writes it (`\u00fc`), tool messages holding JSON (`\"` every
+/// 5-6 bytes); and an adversary's `\n` after random gaps of 1-31 bytes.
+pub fn escaped_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
+    let json = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let chat = |messages: Vec<String>| {
+        let mut b = String::from(r#"{"model":"sim-llm","max_tokens":4,"messages":["#);
+        for m in messages {
+            if b.len() + m.len() + 2 > size {
+                break;
+            }
+            if !b.ends_with('[') {
+                b.push(',');
+            }
+            b.push_str(&m);
+        }
+        b.push_str("]}");
+        b.into_bytes()
+    };
+    let msg = |role: &str, text: &str| format!(r#"{{"role":"{role}","content":{}}}"#, json(text));
+    let sources = [
+        include_str!("../../crates/core/src/extract.rs"),
+        include_str!("../../crates/core/src/json_stream.rs"),
+        include_str!("../../crates/core/src/spill.rs"),
+        include_str!("../../crates/core/src/config.rs"),
+    ];
+    let mut code = vec![msg("user", "Why does the router fall back on this body?")];
+    let mut tools = vec![msg("user", "Find me flights to Paris.")];
+    for t in 0..size / 16_384 {
+        code.push(msg("assistant", "Reading the next file."));
+        code.push(msg(
+            "user",
+            sources.get(t % sources.len()).copied().unwrap_or(""),
+        ));
+    }
+    for t in 0..size / 256 {
+        let rows: Vec<String> = (0..10)
+            .map(|i| {
+                format!(
+                    r#"{{"airline": "AF", "flight": "AF{t}{i}", "price": {}, "stops": 0}}"#,
+                    100 + i
+                )
+            })
+            .collect();
+        tools.push(msg("assistant", &format!(r#"{{"query": "paris {t}"}}"#)));
+        tools.push(msg("user", &format!("[{}]", rows.join(", "))));
+    }
+    // As `json.dumps` writes them (`ensure_ascii`).
+    let words = [
+        "f\\u00fcr",
+        "Stra\\u00dfe",
+        "sch\\u00f6n",
+        "M\\u00fcnchen",
+        "k\\u00f6nnen",
+        "gro\\u00df",
+        "\\u00fcber",
+        "die",
+        "und",
+    ];
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let (mut german, mut gaps) = (String::new(), String::new());
+    while german.len() + 200 < size {
+        german.push_str(
+            words
+                .get(next() as usize % words.len())
+                .copied()
+                .unwrap_or(""),
+        );
+        german.push(' ');
+    }
+    while gaps.len() + 200 < size {
+        gaps.push_str(&"a".repeat(1 + next() as usize % 31));
+        gaps.push_str("\\n");
+    }
+    let raw = |text: &str| format!(r#"{{"role":"user","content":"{text}"}}"#);
+    vec![
+        ("code agent", chat(code)),
+        ("German, \\u escapes", chat(vec![raw(&german)])),
+        ("JSON tool messages", chat(tools)),
+        ("\\n at gaps of 1-31", chat(vec![raw(&gaps)])),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escaped_bodies_are_valid_chats_of_about_their_size() {
+        for (name, body) in escaped_bodies(200_000) {
+            assert!(
+                (150_000..=200_000).contains(&body.len()),
+                "{name}: {}",
+                body.len()
+            );
+            let v: serde_json::Value = serde_json::from_slice(&body).expect(name);
+            let text: String = v["messages"]
+                .as_array()
+                .expect(name)
+                .iter()
+                .filter_map(|m| m["content"].as_str())
+                .collect();
+            // Escape-dense: the decoded text is well short of the body.
+            assert!(text.len() < body.len() * 97 / 100, "{name}");
+        }
+    }
 
     fn small() -> WorkloadOptions {
         WorkloadOptions {

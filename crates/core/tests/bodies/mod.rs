@@ -390,6 +390,7 @@ pub fn escape_dense() -> Vec<(String, Vec<u8>)> {
         v.push((format!("crlf_text_{tag}"), crlf_text(n)));
         v.push((format!("csv_quotes_{tag}"), csv_text(n)));
         v.push((format!("agent_json_tools_{tag}"), agent_json_tools(n)));
+        v.push((format!("code_agent_{tag}"), code_agent(n)));
     }
     v
 }
@@ -412,4 +413,49 @@ pub fn cases() -> Vec<(String, Vec<u8>)> {
     cases.extend(escape_dense());
     cases.extend(adversarial().into_iter().map(|(n, b)| (n.to_string(), b)));
     cases
+}
+
+/// A coding agent's chat of about `total` bytes: each turn an assistant
+/// `read_file` call and a tool message holding a real source file (this
+/// crate's own, JSON-escaped as clients send it: a `\n` every 30-40
+/// bytes, `\"` and `\\` in string literals).
+pub fn code_agent(total: usize) -> Vec<u8> {
+    let files: [(&str, &str); 4] = [
+        ("src/extract.rs", include_str!("../../src/extract.rs")),
+        (
+            "src/json_stream.rs",
+            include_str!("../../src/json_stream.rs"),
+        ),
+        ("src/spill.rs", include_str!("../../src/spill.rs")),
+        ("src/config.rs", include_str!("../../src/config.rs")),
+    ];
+    let esc = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut s = format!(
+        r#"{{"model":"m","messages":[{{"role":"system","content":{}}},{{"role":"user","content":"Why does the router fall back on this body?"}}"#,
+        esc(&"You are a coding agent. Read files before editing them.\n".repeat(40))
+    );
+    for t in 0.. {
+        let (path, src) = files[t % files.len()];
+        let turn = format!(
+            r#",{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{t}","type":"function","function":{{"name":"read_file","arguments":{}}}}}]}},{{"role":"tool","tool_call_id":"call_{t}","content":{}}}"#,
+            esc(&format!(r#"{{"path": "{path}"}}"#)),
+            esc(src)
+        );
+        if s.len() + turn.len() + 2 > total {
+            // Fill with the head of the next file.
+            let room = total.saturating_sub(s.len() + 200);
+            let mut cut = room.min(src.len());
+            while !src.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            s.push_str(&format!(
+                r#",{{"role":"user","content":{}}}"#,
+                esc(&src[..cut])
+            ));
+            break;
+        }
+        s.push_str(&turn);
+    }
+    s.push_str("]}");
+    s.into_bytes()
 }
