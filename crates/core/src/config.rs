@@ -1657,7 +1657,7 @@ impl RawConfig {
                 "max_body_bytes",
                 self.max_body_bytes,
                 format!(
-                    "must be 1..={MAX_BODY_BYTES} (8 MiB): a worker VM's memory never shrinks, so each would keep the largest body's copy for good; larger bodies pass as fallbacks"
+                    "must be 1..={MAX_BODY_BYTES} (8 MiB): a worker VM's memory never shrinks; larger bodies pass as fallbacks"
                 ),
             ));
         }
@@ -2923,7 +2923,7 @@ mod tests {
         );
         assert_eq!(
             text(&format!(r#"{{{H},"max_body_bytes":8388609}}"#)),
-            "invalid prefix-router config: field `max_body_bytes` = 8388609: must be 1..=8388608 (8 MiB): a worker VM's memory never shrinks, so each would keep the largest body's copy for good; larger bodies pass as fallbacks"
+            "invalid prefix-router config: field `max_body_bytes` = 8388609: must be 1..=8388608 (8 MiB): a worker VM's memory never shrinks; larger bodies pass as fallbacks"
         );
     }
 

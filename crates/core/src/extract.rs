@@ -62,8 +62,9 @@
 //! JSON 9...) against [`budget`]: 20 us plus 0.56 ns a byte, twice what a
 //! plain prompt's bytes cost (0.28 ns a byte, not charged: bytes are what
 //! every body pays). A body over it stops with
-//! [`ExtractError::TooComplex`] (the router's counted `too_complex`
-//! fallback), so with its bytes it costs at most about 3x a plain prompt
+//! [`ExtractError::TooComplex`] (the router then keys it by
+//! [`Scan::raw_head`], or counts the fallback `too_complex`), so with its
+//! bytes it costs at most about 3x a plain prompt
 //! of its size, plus 20 us, whatever its elements are. Charges are counts,
 //! not times: every machine and the .wasm decide alike. Legitimate bodies
 //! are charged within 0.75 of it (a chat of short turns 0.45 ns a byte,
@@ -482,8 +483,15 @@ fn opt_raw(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
     }
 }
 
-/// `Option<Vec<Message>>` as the request body declares it.
-fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
+/// `Option<Vec<Message>>` as the request body declares it; `raw` gets the
+/// array's `[` and the end of its first user message (opened with its
+/// role) once the walk has passed it ([`Scan::raw_head`]).
+fn opt_messages(
+    b: &[u8],
+    i: usize,
+    st: &mut Frames,
+    raw: &mut Option<(usize, usize)>,
+) -> Res<(usize, Option<usize>)> {
     let i = ws(b, i);
     match b.get(i) {
         Some(b'n') => return Ok((skip_lit(b, i, b"null")?, None)),
@@ -498,8 +506,11 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         m.max_esc = st.work.left();
+        let mut user = false;
         if let Some(q) = role_head(b, j) {
             // The role as clients open a message: taken without the walk.
+            // `"user"` as written (an escaped one gives no raw key).
+            user = raw.is_none() && b.get(q + 1..q + 6) == Some(b"user\"");
             m.charge(&mut st.work, q)?;
             m.i = opt_str_w(b, q, false, &mut st.work)?.0;
             (m.first, m.seen) = (false, 1 << M_ROLE);
@@ -517,6 +528,9 @@ fn opt_messages(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize
                 Some(_) => opt_str_w(b, v, false, &mut st.work)?.0,
                 None => skip_value(b, v, false, st)?,
             };
+        }
+        if user {
+            *raw = Some((i, m.i));
         }
         Ok(m.i)
     })?;
@@ -604,7 +618,7 @@ impl Top {
 /// same walk, as the router's former pre-pass struct of `model` and
 /// `cache_salt` alone (`peek`: their opening quotes). After the first error
 /// of one view the walk goes on for the other, checking only syntax.
-fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
+fn scan(b: &[u8], work: u64, raw: &mut Option<(usize, usize)>) -> (Res<Top>, Res<Peeked>, Work) {
     let mut st = Frames::default();
     st.work = Work(work);
     let mut top = Top::default();
@@ -670,7 +684,7 @@ fn scan(b: &[u8], work: u64) -> (Res<Top>, Res<Peeked>, Work) {
             (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => {
                 opt_str_w(b, v, false, &mut st.work)
             }
-            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st),
+            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st, raw),
             (None, Some(F_METADATA)) => opt_anthropic_meta(b, v, &mut st),
             (None, Some(_)) => opt_raw(b, v, &mut st),
         };
@@ -797,6 +811,9 @@ pub struct Scan<'a> {
     peek: Res<Peeked>,
     /// The work budget the first pass left to the second.
     work: Work,
+    /// `messages`' `[` and the end of its first user message, if the first
+    /// pass got past it.
+    raw: Option<(usize, usize)>,
 }
 
 impl<'a> Scan<'a> {
@@ -808,13 +825,26 @@ impl<'a> Scan<'a> {
 
     /// [`Scan::new`] with a budget of `work` ns for both passes.
     pub fn with_budget(body: &'a [u8], work: u64) -> Scan<'a> {
-        let (top, peek, work) = scan(body, work);
+        let mut raw = None;
+        let (top, peek, work) = scan(body, work, &mut raw);
         Scan {
             body,
             top,
             peek,
             work,
+            raw,
         }
+    }
+
+    /// The `messages` array as written, from its `[` through its first
+    /// user message (opened with its role), if the first pass got past it
+    /// within its budget; and whether another message follows. What a body
+    /// over the budget is keyed by ([`crate::hash::raw_key`]).
+    pub fn raw_head(&self) -> Option<(&'a [u8], bool)> {
+        let (start, end) = self.raw?;
+        let head = self.body.get(start..end)?;
+        // A `,` right after the message, as every JSON writer puts it.
+        Some((head, self.body.get(end) == Some(&b',')))
     }
 
     /// As [`peek_meta`].

@@ -37,6 +37,16 @@ pub const PART_SEED: u64 = 0x7072_6678_7061_7274; // "prfxpart"
 /// index names hosts by index): `xxh3_64(addr_0 ++ "\n" ++ addr_1 ..., HOSTS_SEED)`.
 pub const HOSTS_SEED: u64 = 0x7072_6678_686f_7374; // "prfxhost"
 
+/// Seed for raw keys: a body over extraction's work budget is keyed by its
+/// `messages` array as written, from its `[` through its first user
+/// message: `xxh3_64(those bytes, RAW_SEED)` ([`raw_key`]).
+pub const RAW_SEED: u64 = 0x7072_6678_7261_7777; // "prfxraww"
+
+/// The raw key of a body's message bytes (see [`RAW_SEED`]).
+pub fn raw_key(messages_head: &[u8]) -> u64 {
+    hash(messages_head, RAW_SEED)
+}
+
 /// Fingerprint of an ordered host list.
 pub fn hosts_fingerprint<'a>(addresses: impl IntoIterator<Item = &'a str>) -> u64 {
     let mut joined = Vec::new();
@@ -247,6 +257,12 @@ mod tests {
             GOLD_SESSION
         );
     }
+    #[test]
+    fn golden_raw_key() {
+        assert_eq!(raw_key(br#"[{"role":"user","content":"hi"}"#), GOLD_RAW);
+    }
+    const GOLD_RAW: u64 = 0x3e09_8f90_5e19_71bc;
+
     const GOLD_RING0: u64 = 0xe682_4217_4ee9_c520;
     const GOLD_RING7: u64 = 0xc07f_1d7c_a01b_dc61;
     const GOLD_SESSION: u64 = 0x8df3_9240_bb3e_dc78;

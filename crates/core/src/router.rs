@@ -89,11 +89,19 @@ pub enum KeySource {
     Session,
     /// The body's `user` field.
     User,
+    /// A body over extraction's work budget: its `messages` as written
+    /// through the first user message ([`crate::hash::raw_key`]).
+    Raw,
 }
 
 impl KeySource {
     /// All sources.
-    pub const ALL: [KeySource; 3] = [KeySource::Prompt, KeySource::Session, KeySource::User];
+    pub const ALL: [KeySource; 4] = [
+        KeySource::Prompt,
+        KeySource::Session,
+        KeySource::User,
+        KeySource::Raw,
+    ];
 
     /// Stable name.
     pub fn as_str(self) -> &'static str {
@@ -101,6 +109,7 @@ impl KeySource {
             KeySource::Prompt => "prompt",
             KeySource::Session => "session",
             KeySource::User => "user",
+            KeySource::Raw => "raw",
         }
     }
 }
@@ -130,6 +139,28 @@ pub struct Key {
     /// message (an application's system prompt or tools): a later turn is
     /// placed by its conversation's key, not the group ([`crate::spill`]).
     pub preamble_group: bool,
+}
+
+/// The key of a body over extraction's work budget (`too_complex`): its
+/// `messages` as written, from the `[` through the first user message, if
+/// the checking pass got past that within the budget (else the fallback).
+/// The bytes as written, not the canonical stream, so a conversation
+/// whose body outgrows the budget moves once, then stays; no model seed
+/// (the model may come after the messages). Anchored (a later turn) when
+/// another message follows; the prompt's length is the body's.
+fn raw_key(scan: &Scan<'_>, body: &[u8]) -> Result<(Key, PromptChain), FallbackCause> {
+    let (head, more) = scan.raw_head().ok_or(FallbackCause::TooComplex)?;
+    let hash = hash::raw_key(head);
+    let key = Key {
+        hash,
+        source: KeySource::Raw,
+        bytes_hashed: head.len() as u64,
+        prompt_bytes: body.len() as u64,
+        group: hash,
+        anchored: more,
+        preamble_group: false,
+    };
+    Ok((key, PromptChain::default()))
 }
 
 /// What the router decided.
@@ -509,10 +540,11 @@ impl Router {
         // `model` and `cache_salt` and where every field starts, then the
         // prompt streams into the key sink seeded from them.
         let scan = Scan::new(body);
-        let meta = scan.meta().map_err(|e| match e {
-            ExtractError::TooComplex(_) => FallbackCause::TooComplex,
-            _ => FallbackCause::ParseError,
-        })?;
+        let meta = match scan.meta() {
+            Ok(m) => m,
+            Err(ExtractError::TooComplex(_)) => return raw_key(&scan, body),
+            Err(_) => return Err(FallbackCause::ParseError),
+        };
         let salt = if k.use_cache_salt {
             meta.cache_salt.as_deref()
         } else {
@@ -554,7 +586,7 @@ impl Router {
             (Err(_), Some(key)) => return Ok((key, PromptChain::default())),
             (Err(ExtractError::Parse(_)), None) => return Err(FallbackCause::ParseError),
             (Err(ExtractError::EmptyPrompt), None) => return Err(FallbackCause::EmptyPrompt),
-            (Err(ExtractError::TooComplex(_)), None) => return Err(FallbackCause::TooComplex),
+            (Err(ExtractError::TooComplex(_)), None) => return raw_key(&scan, body),
         };
         let chain = PromptChain {
             hashes: match stride {
@@ -807,7 +839,7 @@ impl Router {
         let fresh = self.cfg.load.freshness();
         // A later turn: a session or user key, or a conversation key whose
         // prompt goes on past the first user message.
-        let first_turn = key.source == KeySource::Prompt
+        let first_turn = matches!(key.source, KeySource::Prompt | KeySource::Raw)
             && (!key.anchored || key.prompt_bytes <= key.bytes_hashed);
         // A first turn weighs this proxy's own part of a queue live; a
         // later turn only the replica's report, which every proxy that
@@ -1449,6 +1481,67 @@ mod tests {
             if i >= 20 {
                 assert_eq!((h1, h2), (owner(k.group), owner(k.group)), "document {i}");
             }
+        }
+    }
+
+    /// A body over the work budget is keyed by its `messages` as written
+    /// through the first user message: a conversation's turns that are all
+    /// over it share that key (a later turn when a message follows); the
+    /// budget running out before the first user message ends, or a body
+    /// with no user message, still falls back.
+    #[test]
+    fn a_body_over_the_budget_is_keyed_by_its_raw_messages_head() {
+        let r = cost_router(4, "spill");
+        // JSON in strings: `\"` every few bytes, over the budget.
+        let tool = r#"{\"a\": \"b\", \"c\": [1, 2], \"d\": {\"e\": \"f\"}}"#.repeat(60);
+        let body = |turns: usize| {
+            let mut m = vec![
+                r#"{"role":"system","content":"sys"}"#.to_string(),
+                r#"{"role":"user","content":"find it"}"#.to_string(),
+            ];
+            for t in 0..turns {
+                m.push(format!(r#"{{"role":"tool","content":"{t}{tool}"}}"#));
+            }
+            format!(r#"{{"messages":[{}],"model":"m"}}"#, m.join(","))
+        };
+        let (a, b) = (body(40), body(60));
+        for x in [&a, &b] {
+            let e = extract(Api::ChatCompletions, x.as_bytes(), &mut Vec::new());
+            assert!(matches!(e, Err(ExtractError::TooComplex(_))), "{e:?}");
+        }
+        let head = r#"[{"role":"system","content":"sys"},{"role":"user","content":"find it"}"#;
+        let ka = r.key(Api::ChatCompletions, a.as_bytes(), None).unwrap();
+        let kb = r.key(Api::ChatCompletions, b.as_bytes(), None).unwrap();
+        assert_eq!(ka.hash, hash::raw_key(head.as_bytes()));
+        assert_eq!(
+            (ka.hash, ka.group, ka.source),
+            (kb.hash, kb.hash, KeySource::Raw)
+        );
+        assert!(
+            ka.anchored && ka.prompt_bytes == a.len() as u64 && ka.prompt_bytes > ka.bytes_hashed
+        );
+        // A first turn: nothing after its user message but fields.
+        let first = format!(
+            r#"{{"messages":[{{"role":"user","content":"q"}}],"tools":[{{"x":"{}"}}]}}"#,
+            tool.repeat(40)
+        );
+        let k = r.key(Api::ChatCompletions, first.as_bytes(), None).unwrap();
+        assert_eq!((k.source, k.anchored), (KeySource::Raw, false));
+        // The budget runs out inside the first user message; no user message.
+        for x in [
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+                tool.repeat(40)
+            ),
+            format!(
+                r#"{{"messages":[{{"role":"tool","content":"{}"}}]}}"#,
+                tool.repeat(40)
+            ),
+        ] {
+            assert_eq!(
+                r.key(Api::ChatCompletions, x.as_bytes(), None),
+                Err(FallbackCause::TooComplex)
+            );
         }
     }
 
