@@ -656,7 +656,7 @@ fn compile_gossip(
             "gossip.path",
             format!("{:?}", g.path),
             format!(
-                "is the routed API path paths[{i}]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"
+                "is the routed API path paths[{i}]: its requests would be taken as gossip batches (400), not routed; use a path no client calls"
             ),
         ));
     }
@@ -2857,13 +2857,13 @@ mod tests {
             (
                 r#"{"path":"/v1/chat/completions"}"#,
                 format!(
-                    r#"{p} `gossip.path` = "/v1/chat/completions": is the routed API path paths[0]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"#
+                    r#"{p} `gossip.path` = "/v1/chat/completions": is the routed API path paths[0]: its requests would be taken as gossip batches (400), not routed; use a path no client calls"#
                 ),
             ),
             (
                 r#"{"path":"/v1/messages/"}"#,
                 format!(
-                    r#"{p} `gossip.path` = "/v1/messages/": is the routed API path paths[3]: the filter would take every request to it for a gossip batch (and answer 400) instead of routing it; use a path no client calls"#
+                    r#"{p} `gossip.path` = "/v1/messages/": is the routed API path paths[3]: its requests would be taken as gossip batches (400), not routed; use a path no client calls"#
                 ),
             ),
             (

@@ -506,11 +506,11 @@ fn opt_messages(
         }
         let mut m = Members::open(b, j, MESSAGE_FIELDS, false)?;
         m.max_esc = st.work.left();
-        let mut user = false;
+        // The role's opening quote.
+        let mut role = None;
         if let Some(q) = role_head(b, j) {
             // The role as clients open a message: taken without the walk.
-            // `"user"` as written (an escaped one gives no raw key).
-            user = raw.is_none() && b.get(q + 1..q + 6) == Some(b"user\"");
+            role = Some(q);
             m.charge(&mut st.work, q)?;
             m.i = opt_str_w(b, q, false, &mut st.work)?.0;
             (m.first, m.seen) = (false, 1 << M_ROLE);
@@ -525,11 +525,18 @@ fn opt_messages(
             m.charge(&mut st.work, v)?;
             m.i = match id {
                 Some(M_CONTENT | M_TOOL_CALLS) => opt_raw(b, v, st)?.0,
-                Some(_) => opt_str_w(b, v, false, &mut st.work)?.0,
+                Some(k) => {
+                    let (e, q) = opt_str_w(b, v, false, &mut st.work)?;
+                    if k == M_ROLE {
+                        role = q;
+                    }
+                    e
+                }
                 None => skip_value(b, v, false, st)?,
             };
         }
-        if user {
+        // `"user"` as written (an escaped one gives no raw key).
+        if raw.is_none() && role.is_some_and(|q| b.get(q + 1..q + 6) == Some(b"user\"")) {
             *raw = Some((i, m.i));
         }
         Ok(m.i)

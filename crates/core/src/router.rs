@@ -1520,6 +1520,16 @@ mod tests {
         assert!(
             ka.anchored && ka.prompt_bytes == a.len() as u64 && ka.prompt_bytes > ka.bytes_hashed
         );
+        // Written as Python's `json.dumps` does by default (`", "`, `": "`).
+        let spaced = b.replace(r#"":"#, r#"": "#).replace(r#"},{"#, r#"}, {"#);
+        let ks = r
+            .key(Api::ChatCompletions, spaced.as_bytes(), None)
+            .unwrap();
+        let head = head.replace(r#"":"#, r#"": "#).replace(r#"},{"#, r#"}, {"#);
+        assert_eq!(
+            (ks.hash, ks.anchored),
+            (hash::raw_key(head.as_bytes()), true)
+        );
         // A first turn: nothing after its user message but fields.
         let first = format!(
             r#"{{"messages":[{{"role":"user","content":"q"}}],"tools":[{{"x":"{}"}}]}}"#,
