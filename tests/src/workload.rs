@@ -809,9 +809,11 @@ pub fn dense_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
 }
 
 /// Chat bodies of about `size` bytes whose strings are dense with escapes, as clients
-/// write them: a coding agent reading source files (this repository's own), German prose
-/// as Python's `json.dumps` writes it (`\u00fc`), tool messages holding JSON (`\"` every
-/// 5-6 bytes); and an adversary's `\n` after random gaps of 1-31 bytes.
+/// write them: a coding agent's source files (this repository's own), German prose as
+/// Python's `json.dumps` writes it (`\u00fc`), tool results as JSON (`\"` every 5-6
+/// bytes); and an adversary's `\n` after random gaps of 1-31 bytes. The files and results
+/// go in user turns (the backend simulator needs no tool-call ids), after a short first
+/// user turn.
 pub fn escaped_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
     let json = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let chat = |messages: Vec<String>| {

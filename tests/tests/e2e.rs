@@ -453,7 +453,7 @@ fn fallbacks_reach_a_backend_and_are_counted() {
         );
     }
 
-    // A coding agent's conversation (tool turns holding source files) over the work budget:
+    // A coding agent's conversation (source files in its later turns) over the work budget:
     // routed by its raw key (its `messages` as written through the first user message), not
     // left to Envoy. Two turns of it, the second longer, reach the same replica.
     let raw_keys = || filter_counter(&lab, &["prefix_router_key_raw"]);
