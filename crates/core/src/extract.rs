@@ -484,8 +484,9 @@ fn opt_raw(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
 }
 
 /// `Option<Vec<Message>>` as the request body declares it; `raw` gets the
-/// array's `[` and the end of its first user message (opened with its
-/// role) once the walk has passed it ([`Scan::raw_head`]).
+/// array's `[` and the end of its first user message (its role written
+/// `"user"`, without escapes) once the walk has passed it
+/// ([`Scan::raw_head`]).
 fn opt_messages(
     b: &[u8],
     i: usize,
@@ -844,7 +845,7 @@ impl<'a> Scan<'a> {
     }
 
     /// The `messages` array as written, from its `[` through its first
-    /// user message (opened with its role), if the first pass got past it
+    /// user message (its role written `"user"`), if the first pass got past it
     /// within its budget; and whether another message follows. What a body
     /// over the budget is keyed by ([`crate::hash::raw_key`]).
     pub fn raw_head(&self) -> Option<(&'a [u8], bool)> {
