@@ -490,6 +490,63 @@ fn fallbacks_reach_a_backend_and_are_counted() {
         "{}",
         prefix_router_metrics(&lab)
     );
+
+    // The same agent on the Responses API (the whole history as `input` items, files in
+    // `function_call_output`, as Codex-style clients send it): keyed by its `input` items as
+    // written through the first user item. The backend does not serve /v1/responses (404);
+    // where Envoy sent each turn is what is checked.
+    let responses_url = envoy.url("/v1/responses");
+    let source = include_str!("../../crates/core/src/extract.rs");
+    let mut served = Vec::new();
+    for turns in [6, 10] {
+        let mut input = vec![
+            json!({"type": "message", "role": "developer", "content": "Fix what the user asks."}),
+            json!({"role": "user", "content": "Why does the router fall back on this body?"}),
+        ];
+        for t in 0..turns {
+            let args = format!(r#"{{"path": "extract.rs", "offset": {}}}"#, t * 16_000);
+            let out: String = source
+                .chars()
+                .cycle()
+                .skip(t * 16_000)
+                .take(16_000)
+                .collect();
+            input.push(
+                json!({"type": "function_call", "call_id": t, "name": "read", "arguments": args}),
+            );
+            input.push(json!({"type": "function_call_output", "call_id": t, "output": out}));
+        }
+        let body =
+            json!({"model": "sim-llm", "instructions": "Be brief.", "input": input}).to_string();
+        assert!(matches!(
+            prefix_router_core::extract::extract(
+                prefix_router_core::extract::Api::Responses,
+                body.as_bytes(),
+                &mut Vec::new(),
+            ),
+            Err(prefix_router_core::extract::ExtractError::TooComplex(_))
+        ));
+        let r = ok(http::post_json_bytes(
+            &agent,
+            &responses_url,
+            body.as_bytes(),
+        ));
+        let d = r.decision().unwrap_or_default();
+        assert!(
+            d.contains("source=raw"),
+            "Responses agent body of {} bytes: status {}, decision {d:?}",
+            body.len(),
+            r.status
+        );
+        served.push(r.backend().map(str::to_string));
+    }
+    assert!(served[0].is_some() && served[0] == served[1], "{served:?}");
+    assert_eq!(
+        (fallbacks(), raw_keys()),
+        (before, before_raw + 4.0),
+        "{}",
+        prefix_router_metrics(&lab)
+    );
 }
 
 // 3b. Why envoy.yaml keeps its buffer limits above max_body_bytes: if the filter may buffer more

@@ -48,11 +48,17 @@ fn err(
     value: impl fmt::Display,
     reason: impl Into<String>,
 ) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        value: value.to_string(),
-        reason: reason.into(),
+    // One body for every type of value (each type's copy of it cost the
+    // .wasm about 250 bytes).
+    #[inline(never)]
+    fn of(field: String, value: &dyn fmt::Display, reason: String) -> ConfigError {
+        ConfigError {
+            field,
+            value: value.to_string(),
+            reason,
+        }
     }
+    of(field.into(), &value, reason.into())
 }
 
 /// A list of metric names (`given`, else the preset): names without labels;

@@ -486,12 +486,13 @@ fn opt_raw(b: &[u8], i: usize, st: &mut Frames) -> Res<(usize, Option<usize>)> {
 /// `Option<Vec<Message>>` as the request body declares it; `raw` gets the
 /// array's `[` and the end of its first user message (its role written
 /// `"user"`, without escapes) once the walk has passed it
-/// ([`Scan::raw_head`]).
+/// ([`Scan::raw_head`]); `head`: the walk stops there (an error).
 fn opt_messages(
     b: &[u8],
     i: usize,
     st: &mut Frames,
     raw: &mut Option<(usize, usize)>,
+    head: bool,
 ) -> Res<(usize, Option<usize>)> {
     let i = ws(b, i);
     match b.get(i) {
@@ -539,6 +540,9 @@ fn opt_messages(
         // `"user"` as written (an escaped one gives no raw key).
         if raw.is_none() && role.is_some_and(|q| b.get(q + 1..q + 6) == Some(b"user\"")) {
             *raw = Some((i, m.i));
+            if head {
+                return fail(m.i, "");
+            }
         }
         Ok(m.i)
     })?;
@@ -692,7 +696,15 @@ fn scan(b: &[u8], work: u64, raw: &mut Option<(usize, usize)>) -> (Res<Top>, Res
             (None, Some(F_MODEL | F_INSTRUCTIONS | F_USER | F_CACHE_SALT)) => {
                 opt_str_w(b, v, false, &mut st.work)
             }
-            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st, raw),
+            (None, Some(F_MESSAGES)) => opt_messages(b, v, &mut st, raw, false),
+            (None, Some(F_INPUT)) => {
+                // Responses `input` items, walked as messages as far as
+                // their raw head; checked below as any value, as before.
+                if raw.is_none() && b.get(ws(b, v)) == Some(&b'[') {
+                    let _ = opt_messages(b, v, &mut st, raw, true);
+                }
+                opt_raw(b, v, &mut st)
+            }
             (None, Some(F_METADATA)) => opt_anthropic_meta(b, v, &mut st),
             (None, Some(_)) => opt_raw(b, v, &mut st),
         };
@@ -844,10 +856,11 @@ impl<'a> Scan<'a> {
         }
     }
 
-    /// The `messages` array as written, from its `[` through its first
-    /// user message (its role written `"user"`), if the first pass got past it
-    /// within its budget; and whether another message follows. What a body
-    /// over the budget is keyed by ([`crate::hash::raw_key`]).
+    /// The `messages` array (Responses: the `input` items) as written,
+    /// from its `[` through its first user message (its role written
+    /// `"user"`), if the first pass got past it within its budget; and
+    /// whether another message follows. What a body over the budget is
+    /// keyed by ([`crate::hash::raw_key`]).
     pub fn raw_head(&self) -> Option<(&'a [u8], bool)> {
         let (start, end) = self.raw?;
         let head = self.body.get(start..end)?;

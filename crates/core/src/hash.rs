@@ -38,8 +38,8 @@ pub const PART_SEED: u64 = 0x7072_6678_7061_7274; // "prfxpart"
 pub const HOSTS_SEED: u64 = 0x7072_6678_686f_7374; // "prfxhost"
 
 /// Seed for raw keys: a body over extraction's work budget is keyed by its
-/// `messages` array as written, from its `[` through its first user
-/// message: `xxh3_64(those bytes, RAW_SEED)` ([`raw_key`]).
+/// `messages` array (Responses: `input`) as written, from its `[` through
+/// its first user message: `xxh3_64(those bytes, RAW_SEED)` ([`raw_key`]).
 pub const RAW_SEED: u64 = 0x7072_6678_7261_7777; // "prfxraww"
 
 /// The raw key of a body's message bytes (see [`RAW_SEED`]).

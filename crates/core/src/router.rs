@@ -89,8 +89,9 @@ pub enum KeySource {
     Session,
     /// The body's `user` field.
     User,
-    /// A body over extraction's work budget: its `messages` as written
-    /// through the first user message ([`crate::hash::raw_key`]).
+    /// A body over extraction's work budget: its `messages` (Responses:
+    /// `input` items) as written through the first user message
+    /// ([`crate::hash::raw_key`]).
     Raw,
 }
 
@@ -1553,6 +1554,48 @@ mod tests {
                 Err(FallbackCause::TooComplex)
             );
         }
+    }
+
+    /// A Responses agent (Codex-style: the whole history as `input` items,
+    /// tool output in `function_call_output`) over the budget is keyed by
+    /// its `input` head as a chat is by its `messages` head.
+    #[test]
+    fn a_responses_body_over_the_budget_is_keyed_by_its_raw_input_head() {
+        let r = cost_router(4, "spill");
+        let out = r#"fn main() {\n    println!(\"{}\", x);\n}\n"#.repeat(60);
+        let head = r#"[{"type":"message","role":"developer","content":"d"},{"type":"message","role":"user","content":[{"type":"input_text","text":"fix it"}]}"#;
+        let body = |turns: usize| {
+            let items: Vec<String> = (0..turns)
+                .map(|t| {
+                    format!(
+                        r#"{{"type":"function_call","call_id":"c{t}","name":"read","arguments":"{{\"path\":\"a.rs\"}}"}},{{"type":"function_call_output","call_id":"c{t}","output":"{out}"}}"#
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{"model":"m","instructions":"be brief","input":{head},{}],"stream":true}}"#,
+                items.join(",")
+            )
+        };
+        let (a, b) = (body(8), body(12));
+        for x in [&a, &b] {
+            let e = extract(Api::Responses, x.as_bytes(), &mut Vec::new());
+            assert!(matches!(e, Err(ExtractError::TooComplex(_))), "{e:?}");
+        }
+        let ka = r.key(Api::Responses, a.as_bytes(), None).unwrap();
+        let kb = r.key(Api::Responses, b.as_bytes(), None).unwrap();
+        assert_eq!(ka.hash, hash::raw_key(head.as_bytes()));
+        assert_eq!(
+            (kb.hash, kb.source, kb.anchored),
+            (ka.hash, KeySource::Raw, true)
+        );
+        // A string `input` has no items: over the budget it falls back.
+        let long = out.repeat(20);
+        let s = format!(r#"{{"model":"m","instructions":"{long}","input":"hi"}}"#);
+        assert_eq!(
+            r.key(Api::Responses, s.as_bytes(), None),
+            Err(FallbackCause::TooComplex)
+        );
     }
 
     #[test]
