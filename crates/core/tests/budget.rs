@@ -57,9 +57,9 @@ fn legitimate_bodies_fit_their_budget_and_dense_ones_stop() {
 /// 64 KiB, they cost more than 3x a plain prompt of their size and fall
 /// back, as the adversarial escape bodies do; so does a coding agent's
 /// chat of source files, whose escapes are charged about twice what they
-/// cost (docs/design.md, "Extraction's work budget"). The router keys
-/// such bodies by their raw `messages` head instead. (Part of the test
-/// above.)
+/// cost (docs/design.md, "Extraction's work budget"), in tool messages
+/// or in `tool_result` parts. The router keys such bodies by their raw
+/// `messages` head instead. (Part of the test above.)
 fn realistic_escapes_route() {
     let run = |b: &[u8]| extract::extract(Api::ChatCompletions, b, &mut Vec::new()).err();
     for body in [

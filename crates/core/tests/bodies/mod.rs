@@ -392,7 +392,20 @@ pub fn escape_dense() -> Vec<(String, Vec<u8>)> {
         v.push((format!("agent_json_tools_{tag}"), agent_json_tools(n)));
         v.push((format!("code_agent_{tag}"), code_agent(n)));
     }
+    // At 64 KiB no tool result of it fits: only at 1 MiB.
+    v.push(("code_tool_results_1MiB".into(), code_tool_results(1 << 20)));
     v
+}
+
+/// [`code_agent`]'s source files as Anthropic's and the Responses API's
+/// agents send tool output: in a non-text part (`tool_result`), whose
+/// canonical JSON is hashed into a marker.
+pub fn code_tool_results(total: usize) -> Vec<u8> {
+    code_agent_as(total, |t, src| {
+        format!(
+            r#",{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"call_{t}","content":{src}}}]}}"#
+        )
+    })
 }
 
 /// The measured cases, named: plain chats of 1, 8, 64 and 256 KiB, a
@@ -420,6 +433,13 @@ pub fn cases() -> Vec<(String, Vec<u8>)> {
 /// crate's own, JSON-escaped as clients send it: a `\n` every 30-40
 /// bytes, `\"` and `\\` in string literals).
 pub fn code_agent(total: usize) -> Vec<u8> {
+    code_agent_as(total, |t, src| {
+        format!(r#",{{"role":"tool","tool_call_id":"call_{t}","content":{src}}}"#)
+    })
+}
+
+/// [`code_agent`] with each tool result written by `result(turn, escaped source)`.
+fn code_agent_as(total: usize, result: impl Fn(usize, &str) -> String) -> Vec<u8> {
     let files: [(&str, &str); 4] = [
         ("src/extract.rs", include_str!("../../src/extract.rs")),
         (
@@ -437,9 +457,9 @@ pub fn code_agent(total: usize) -> Vec<u8> {
     for t in 0.. {
         let (path, src) = files[t % files.len()];
         let turn = format!(
-            r#",{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{t}","type":"function","function":{{"name":"read_file","arguments":{}}}}}]}},{{"role":"tool","tool_call_id":"call_{t}","content":{}}}"#,
+            r#",{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_{t}","type":"function","function":{{"name":"read_file","arguments":{}}}}}]}}{}"#,
             esc(&format!(r#"{{"path": "{path}"}}"#)),
-            esc(src)
+            result(t, &esc(src))
         );
         if s.len() + turn.len() + 2 > total {
             // Fill with the head of the next file.
