@@ -813,7 +813,8 @@ pub fn dense_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
 /// Python's `json.dumps` writes it (`\u00fc`), tool results as JSON (`\"` every 5-6
 /// bytes); and an adversary's `\n` after random gaps of 1-31 bytes. The files and results
 /// go in user turns (the backend simulator needs no tool-call ids), after a short first
-/// user turn.
+/// user turn; the files also in `tool_result` parts (Anthropic's shape: canonical JSON).
+/// Last, a tool whose description is `\n` throughout (canonical JSON's densest string).
 pub fn escaped_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
     let json = |s: &str| serde_json::to_string(s).unwrap_or_default();
     let chat = |messages: Vec<String>| {
@@ -838,12 +839,17 @@ pub fn escaped_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
         include_str!("../../crates/core/src/config.rs"),
     ];
     let mut code = vec![msg("user", "Why does the router fall back on this body?")];
+    let mut parts = code.clone();
     let mut tools = vec![msg("user", "Find me flights to Paris.")];
     for t in 0..size / 16_384 {
+        let file = sources.get(t % sources.len()).copied().unwrap_or("");
         code.push(msg("assistant", "Reading the next file."));
-        code.push(msg(
-            "user",
-            sources.get(t % sources.len()).copied().unwrap_or(""),
+        code.push(msg("user", file));
+        // As Anthropic-shaped agents send it: a non-text part, hashed as canonical JSON.
+        parts.push(msg("assistant", "Reading the next file."));
+        parts.push(format!(
+            r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t{t}","content":{}}}]}}"#,
+            json(file)
         ));
     }
     for t in 0..size / 256 {
@@ -892,8 +898,15 @@ pub fn escaped_bodies(size: usize) -> Vec<(&'static str, Vec<u8>)> {
         gaps.push_str("\\n");
     }
     let raw = |text: &str| format!(r#"{{"role":"user","content":"{text}"}}"#);
+    let description = "\\n".repeat(size.saturating_sub(200) / 2);
+    let described = format!(
+        r#"{{"model":"sim-llm","max_tokens":4,"tools":[{{"type":"function","function":{{"name":"f","description":"{description}"}}}}],"messages":[{}]}}"#,
+        raw("q")
+    );
     vec![
         ("code agent", chat(code)),
+        ("code in tool_result parts", chat(parts)),
+        ("\\n in a tool description", described.into_bytes()),
         ("German, \\u escapes", chat(vec![raw(&german)])),
         ("JSON tool messages", chat(tools)),
         ("\\n at gaps of 1-31", chat(vec![raw(&gaps)])),
