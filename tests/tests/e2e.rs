@@ -547,6 +547,47 @@ fn fallbacks_reach_a_backend_and_are_counted() {
         "{}",
         prefix_router_metrics(&lab)
     );
+
+    // The same files in Anthropic's `tool_result` blocks on /v1/messages (2 and 3 reads,
+    // about 33 and 50 KB): canonical JSON keeps their escapes as written, so they are keyed
+    // by their prompt (until 0405289 they were over the budget from 16 KB), on one replica.
+    let messages_url = envoy.url("/v1/messages");
+    let mut served = Vec::new();
+    for turns in [2, 3] {
+        let mut messages =
+            vec![json!({"role": "user", "content": "Why does the router fall back on this body?"})];
+        for t in 0..turns {
+            let out: String = source
+                .chars()
+                .cycle()
+                .skip(t * 16_000)
+                .take(16_000)
+                .collect();
+            let id = format!("tu_{t}");
+            messages.push(json!({"role": "assistant", "content": [
+                {"type": "tool_use", "id": id, "name": "read", "input": {"path": "extract.rs"}}]}));
+            messages.push(json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": id, "content": out}]}));
+        }
+        let body = json!({"model": "sim-llm", "max_tokens": 4, "system": "Be brief.",
+            "messages": messages})
+        .to_string();
+        let r = ok(http::post_json_bytes(
+            &agent,
+            &messages_url,
+            body.as_bytes(),
+        ));
+        let d = r.decision().unwrap_or_default();
+        assert!(
+            d.contains("source=prompt"),
+            "Messages agent body of {} bytes: status {}, decision {d:?}",
+            body.len(),
+            r.status
+        );
+        served.push(r.backend().map(str::to_string));
+    }
+    assert!(served[0].is_some() && served[0] == served[1], "{served:?}");
+    assert_eq!(fallbacks(), before, "{}", prefix_router_metrics(&lab));
 }
 
 // 3b. Why envoy.yaml keeps its buffer limits above max_body_bytes: if the filter may buffer more
