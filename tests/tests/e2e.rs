@@ -453,37 +453,49 @@ fn fallbacks_reach_a_backend_and_are_counted() {
         );
     }
 
-    // A coding agent's conversation (source files in its later turns) over the work budget:
-    // routed by its raw key (its `messages` as written through the first user message), not
-    // left to Envoy. Two turns of it, the second longer, reach the same replica.
+    use prefix_router_core::extract::Api;
+    // Agents' conversations, two turns each, the second longer: each body keyed from `source`
+    // (status `status`), both on one replica.
+    let one_replica = |what: &str, url: &str, bodies: [Vec<u8>; 2], source: &str, status: u16| {
+        let mut served = Vec::new();
+        for body in bodies {
+            let r = ok(http::post_json_bytes(&agent, url, &body));
+            let d = r.decision().unwrap_or_default();
+            assert!(
+                r.status == status && d.contains(&format!("source={source}")),
+                "{what} body of {} bytes: status {}, decision {d:?}",
+                body.len(),
+                r.status
+            );
+            served.push(r.backend().map(str::to_string));
+        }
+        assert!(
+            served[0].is_some() && served[0] == served[1],
+            "{what}: {served:?}"
+        );
+    };
+    let too_complex = |api, body: &[u8]| {
+        matches!(
+            prefix_router_core::extract::extract(api, body, &mut Vec::new()),
+            Err(prefix_router_core::extract::ExtractError::TooComplex(_))
+        )
+    };
     let raw_keys = || filter_counter(&lab, &["prefix_router_key_raw"]);
     let (before, before_raw) = (fallbacks(), raw_keys());
-    let mut served = Vec::new();
-    for size in [100_000, 160_000] {
-        let body = workload::escaped_bodies(size)
+
+    // A coding agent's chat (source files in its later turns) over the work budget: routed by
+    // its raw key (its `messages` as written through the first user message), not left to
+    // Envoy.
+    let code = |size| {
+        workload::escaped_bodies(size)
             .into_iter()
             .find(|(name, _)| *name == "code agent")
             .map(|(_, b)| b)
-            .unwrap_or_default();
-        assert!(matches!(
-            prefix_router_core::extract::extract(
-                prefix_router_core::extract::Api::ChatCompletions,
-                &body,
-                &mut Vec::new(),
-            ),
-            Err(prefix_router_core::extract::ExtractError::TooComplex(_))
-        ));
-        let r = ok(http::post_json_bytes(&agent, &chat_url, &body));
-        let d = r.decision().unwrap_or_default();
-        assert!(
-            r.status == 200 && d.contains("source=raw"),
-            "code agent body of {} bytes: status {}, decision {d:?}",
-            body.len(),
-            r.status
-        );
-        served.push(r.backend().map(str::to_string));
-    }
-    assert!(served[0].is_some() && served[0] == served[1], "{served:?}");
+            .unwrap_or_default()
+    };
+    let bodies = [code(100_000), code(160_000)];
+    assert!(bodies.iter().all(|b| too_complex(Api::ChatCompletions, b)));
+    one_replica("code agent", &chat_url, bodies, "raw", 200);
     assert_eq!(
         (fallbacks(), raw_keys()),
         (before, before_raw + 2.0),
@@ -492,55 +504,43 @@ fn fallbacks_reach_a_backend_and_are_counted() {
     );
 
     // The same agent on the Responses API (the whole history as `input` items, files in
-    // `function_call_output`, as Codex-style clients send it): keyed by its `input` items as
-    // written through the first user item. The backend does not serve /v1/responses (404);
-    // where Envoy sent each turn is what is checked.
-    let responses_url = envoy.url("/v1/responses");
+    // `function_call_output`, as Codex-style clients send it, 6 and 10 reads): keyed by its
+    // `input` items as written through the first user item. The backend does not serve
+    // /v1/responses or /v1/messages (404): where Envoy sent each turn is what is checked.
     let source = include_str!("../../crates/core/src/extract.rs");
-    let mut served = Vec::new();
-    for turns in [6, 10] {
+    let file = |t: usize| -> String {
+        source
+            .chars()
+            .cycle()
+            .skip(t * 16_000)
+            .take(16_000)
+            .collect()
+    };
+    let responses = |turns: usize| {
         let mut input = vec![
             json!({"type": "message", "role": "developer", "content": "Fix what the user asks."}),
             json!({"role": "user", "content": "Why does the router fall back on this body?"}),
         ];
         for t in 0..turns {
             let args = format!(r#"{{"path": "extract.rs", "offset": {}}}"#, t * 16_000);
-            let out: String = source
-                .chars()
-                .cycle()
-                .skip(t * 16_000)
-                .take(16_000)
-                .collect();
             input.push(
                 json!({"type": "function_call", "call_id": t, "name": "read", "arguments": args}),
             );
-            input.push(json!({"type": "function_call_output", "call_id": t, "output": out}));
+            input.push(json!({"type": "function_call_output", "call_id": t, "output": file(t)}));
         }
-        let body =
-            json!({"model": "sim-llm", "instructions": "Be brief.", "input": input}).to_string();
-        assert!(matches!(
-            prefix_router_core::extract::extract(
-                prefix_router_core::extract::Api::Responses,
-                body.as_bytes(),
-                &mut Vec::new(),
-            ),
-            Err(prefix_router_core::extract::ExtractError::TooComplex(_))
-        ));
-        let r = ok(http::post_json_bytes(
-            &agent,
-            &responses_url,
-            body.as_bytes(),
-        ));
-        let d = r.decision().unwrap_or_default();
-        assert!(
-            d.contains("source=raw"),
-            "Responses agent body of {} bytes: status {}, decision {d:?}",
-            body.len(),
-            r.status
-        );
-        served.push(r.backend().map(str::to_string));
-    }
-    assert!(served[0].is_some() && served[0] == served[1], "{served:?}");
+        json!({"model": "sim-llm", "instructions": "Be brief.", "input": input})
+            .to_string()
+            .into_bytes()
+    };
+    let bodies = [responses(6), responses(10)];
+    assert!(bodies.iter().all(|b| too_complex(Api::Responses, b)));
+    one_replica(
+        "Responses agent",
+        &envoy.url("/v1/responses"),
+        bodies,
+        "raw",
+        404,
+    );
     assert_eq!(
         (fallbacks(), raw_keys()),
         (before, before_raw + 4.0),
@@ -550,43 +550,29 @@ fn fallbacks_reach_a_backend_and_are_counted() {
 
     // The same files in Anthropic's `tool_result` blocks on /v1/messages (2 and 3 reads,
     // about 33 and 50 KB): canonical JSON keeps their escapes as written, so they are keyed
-    // by their prompt (until 0405289 they were over the budget from 16 KB), on one replica.
-    let messages_url = envoy.url("/v1/messages");
-    let mut served = Vec::new();
-    for turns in [2, 3] {
+    // by their prompt (until 0405289 they were over the budget from 16 KB).
+    let messages = |turns: usize| {
         let mut messages =
             vec![json!({"role": "user", "content": "Why does the router fall back on this body?"})];
         for t in 0..turns {
-            let out: String = source
-                .chars()
-                .cycle()
-                .skip(t * 16_000)
-                .take(16_000)
-                .collect();
             let id = format!("tu_{t}");
             messages.push(json!({"role": "assistant", "content": [
                 {"type": "tool_use", "id": id, "name": "read", "input": {"path": "extract.rs"}}]}));
             messages.push(json!({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": id, "content": out}]}));
+                {"type": "tool_result", "tool_use_id": id, "content": file(t)}]}));
         }
-        let body = json!({"model": "sim-llm", "max_tokens": 4, "system": "Be brief.",
-            "messages": messages})
-        .to_string();
-        let r = ok(http::post_json_bytes(
-            &agent,
-            &messages_url,
-            body.as_bytes(),
-        ));
-        let d = r.decision().unwrap_or_default();
-        assert!(
-            d.contains("source=prompt"),
-            "Messages agent body of {} bytes: status {}, decision {d:?}",
-            body.len(),
-            r.status
-        );
-        served.push(r.backend().map(str::to_string));
-    }
-    assert!(served[0].is_some() && served[0] == served[1], "{served:?}");
+        json!({"model": "sim-llm", "max_tokens": 4, "system": "Be brief.", "messages": messages})
+            .to_string()
+            .into_bytes()
+    };
+    let bodies = [messages(2), messages(3)];
+    one_replica(
+        "Messages agent",
+        &envoy.url("/v1/messages"),
+        bodies,
+        "prompt",
+        404,
+    );
     assert_eq!(fallbacks(), before, "{}", prefix_router_metrics(&lab));
 }
 

@@ -196,8 +196,8 @@ pub fn adversarial() -> Vec<(&'static str, Vec<u8>)> {
             user(format!("\"{}\"", "\\u00e9".repeat(mib / 6 - 20))),
         ),
         (
-            // Escapes in canonical JSON (a tool's description): decoded
-            // and re-escaped.
+            // Escapes in canonical JSON (a tool's description): kept as
+            // written, one at a time (`\n` is written alike by serde).
             "tool_escapes_524k",
             tool(&"\\n".repeat(mib / 2 - 80)),
         ),
