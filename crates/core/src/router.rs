@@ -143,8 +143,9 @@ pub struct Key {
 }
 
 /// The key of a body over extraction's work budget (`too_complex`): its
-/// `messages` as written, from the `[` through the first user message, if
-/// the checking pass got past that within the budget (else the fallback).
+/// `messages` (Responses: `input` items) as written, from the `[` through
+/// the first user message, if the checking pass got past that within the
+/// budget (else the fallback).
 /// The bytes as written, not the canonical stream, so a conversation
 /// whose body outgrows the budget moves once, then stays; no model seed
 /// (the model may come after the messages). Anchored (a later turn) when

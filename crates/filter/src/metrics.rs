@@ -8,7 +8,7 @@
 //! | `prefix_router.routed.spill` | routed past the first candidate because it was over its load bound, or ejected or unhealthy |
 //! | `prefix_router.routed.moved` | routed to a later candidate whose shorter queue paid the miss (`spill`, the default), or that won on its estimate over the first host under the bound (`index`) |
 //! | `prefix_router.spill_hops` | hosts skipped in total by spills |
-//! | `prefix_router.key.{prompt,session,user,raw}` | where routed keys came from (`raw`: a body over extraction's work budget, keyed by its messages as written through the first user message) |
+//! | `prefix_router.key.{prompt,session,user,raw}` | where routed keys came from (`raw`: a body over extraction's work budget, keyed by its messages (Responses: `input` items) as written through the first user message) |
 //! | `prefix_router.fallback.<cause>` | left to Envoy's LB: path, method, content_type, no_body, body_too_large, parse_error, empty_prompt, too_complex, host_error |
 //! | `prefix_router.bytes_hashed` | prompt bytes hashed for keys |
 //! | `prefix_router.load_reports` / `prefix_router.load_report_errors` | replica load reports read / not understood |
