@@ -541,6 +541,8 @@ fn opt_messages(
         if raw.is_none() && role.is_some_and(|q| b.get(q + 1..q + 6) == Some(b"user\"")) {
             *raw = Some((i, m.i));
             if head {
+                // Ends the walk: the head is all the caller wants (it
+                // ignores the error).
                 return fail(m.i, "");
             }
         }
@@ -831,8 +833,8 @@ pub struct Scan<'a> {
     peek: Res<Peeked>,
     /// The work budget the first pass left to the second.
     work: Work,
-    /// `messages`' `[` and the end of its first user message, if the first
-    /// pass got past it.
+    /// `messages`' (or Responses `input`'s) `[` and the end of its first
+    /// user message, if the first pass got past it.
     raw: Option<(usize, usize)>,
 }
 
