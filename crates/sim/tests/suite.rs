@@ -558,3 +558,83 @@ fn suite_command_line() {
     assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
     assert!(help.to_string().contains("suite"));
 }
+
+#[test]
+fn mix_interleaves_its_applications_by_start_time() {
+    let wl = synth("mix", 3);
+    // Each part as the mix seeds it.
+    let parts: Vec<Workload> = synthetic::MIX
+        .iter()
+        .enumerate()
+        .map(|(i, s)| synth(s, prefix_router_sim::rng::seed2(3, i as u64 + 1)))
+        .collect();
+    // Every part's requests, each once.
+    assert_eq!(
+        wl.len(),
+        parts.iter().map(Workload::len).sum::<usize>(),
+        "requests"
+    );
+    assert_eq!(
+        wl.sessions.len(),
+        parts.iter().map(|p| p.sessions.len()).sum::<usize>()
+    );
+    // Sessions by start time; each request names the session holding it.
+    assert!(wl.sessions.windows(2).all(|w| w[0].start <= w[1].start));
+    let mut seen = vec![false; wl.len()];
+    for (i, s) in wl.sessions.iter().enumerate() {
+        for &r in &s.requests {
+            assert_eq!(wl.requests[r as usize].session as usize, i);
+            assert!(!std::mem::replace(&mut seen[r as usize], true));
+        }
+        // A session's turns extend each other (conversations were not
+        // mixed up by the renumbering).
+        for w in s.requests.windows(2) {
+            let (a, b) = (&wl.requests[w[0] as usize], &wl.requests[w[1] as usize]);
+            let m = a.remember.as_ref().expect("a turn with a successor");
+            assert!(is_prefix(m.blocks(), b.prompt.blocks()));
+        }
+    }
+    assert!(seen.iter().all(|&x| x));
+    // Each request's body (what the router reads) is one of its part's,
+    // with the same prompt (what the replica caches): conversations were
+    // renumbered with their requests.
+    let bodies = |w: &Workload| -> Vec<(Vec<u8>, Vec<u64>)> {
+        let mut v: Vec<(Vec<u8>, Vec<u64>)> = w
+            .requests
+            .iter()
+            .map(|r| {
+                let mut b = Vec::new();
+                w.write_body(r, &mut b);
+                (b, r.prompt.blocks().to_vec())
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want: Vec<(Vec<u8>, Vec<u64>)> = parts.iter().flat_map(bodies).collect();
+    want.sort();
+    assert!(
+        bodies(&wl) == want,
+        "bodies or prompts differ from the parts'"
+    );
+    // The applications overlap in time: each opens in the first 10 s and
+    // still opens sessions after 150 s.
+    for (p, spec) in parts.iter().zip(synthetic::MIX) {
+        let first = p.sessions.iter().map(|s| s.start).fold(f64::MAX, f64::min);
+        let last = p.sessions.iter().map(|s| s.start).fold(0.0, f64::max);
+        assert!(first < 10.0 && last > 150.0, "{spec}: {first} .. {last}");
+    }
+    // Options are refused: the mix is fixed.
+    assert!(synthetic::Spec::parse("mix:rate=2").is_err());
+    // The body is valid JSON the core keys (no fallback).
+    let mut short = wl.clone();
+    short.truncate_sessions(120);
+    let r = simulate(
+        &short,
+        &PolicySpec::parse("prefix-router").expect("spec"),
+        &SimConfig::default(),
+    )
+    .expect("run");
+    assert_eq!(r.fallback, 0);
+    assert_eq!(r.completed, short.len());
+}

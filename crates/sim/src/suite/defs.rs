@@ -158,6 +158,14 @@ pub fn workloads() -> Vec<WorkloadDef> {
             scales: [1.2, 2.11, 4.9],
         },
         WorkloadDef {
+            name: "mix",
+            half: Half::Tune,
+            what: "one fleet, five applications side by side over 220 s (new, stop 40): a chat app under 2 system prompts, single prompts under 40, RAG over 8 documents, questions about 100 documents, an agent",
+            source: Source::Synthetic("mix"),
+            quick_limit: 300,
+            scales: [0.967, 1.68, 3.61],
+        },
+        WorkloadDef {
             name: "azure",
             half: Half::Tune,
             what: "Azure LLM inference trace 2023 (conversation), first 4,000 requests: no prefix information, a control with no sharing",

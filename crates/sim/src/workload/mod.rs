@@ -550,6 +550,59 @@ impl Workload {
             }
         }
     }
+    /// Append `other`'s sessions, requests and conversations (their indices
+    /// shifted past this workload's), keeping its prompts as built.
+    pub(crate) fn append(&mut self, other: Workload) {
+        let (r0, s0, c0) = (
+            self.requests.len() as u32,
+            self.sessions.len() as u32,
+            self.convs.len() as u32,
+        );
+        for mut r in other.requests {
+            r.session += s0;
+            if let Kind::Chat { conv, .. } = &mut r.kind {
+                *conv += c0;
+            }
+            self.requests.push(r);
+        }
+        for mut s in other.sessions {
+            for r in &mut s.requests {
+                *r += r0;
+            }
+            self.sessions.push(s);
+        }
+        self.convs.extend(other.convs);
+    }
+
+    /// Order sessions by start time (stable), renumbering each request's
+    /// session: appended workloads interleave, and `--limit` keeps the
+    /// first sessions to start.
+    pub(crate) fn sort_sessions(&mut self) {
+        let mut order: Vec<usize> = (0..self.sessions.len()).collect();
+        order.sort_by(|&a, &b| {
+            let t = |i: usize| self.sessions.get(i).map_or(0.0, |s| s.start);
+            t(a).total_cmp(&t(b))
+        });
+        let mut new_of = vec![0u32; order.len()];
+        for (new, &old) in order.iter().enumerate() {
+            if let Some(n) = new_of.get_mut(old) {
+                *n = new as u32;
+            }
+        }
+        let mut old: Vec<Option<Session>> = std::mem::take(&mut self.sessions)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.sessions = order
+            .iter()
+            .filter_map(|&i| old.get_mut(i).and_then(Option::take))
+            .collect();
+        for r in &mut self.requests {
+            if let Some(&n) = new_of.get(r.session as usize) {
+                r.session = n;
+            }
+        }
+    }
 }
 
 /// Helper for builders: the replica prompt of a Mooncake request.

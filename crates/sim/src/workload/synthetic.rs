@@ -15,6 +15,7 @@
 //! | `bursty` | `groups=60,prompts=25,system=3000,question=400,output=250,rate=10,burst=6,period=30,duty=0.1` | `shared-prefix` arrivals in bursts: every `period` s, `duty` of it at `burst` x the mean rate, the rest slower (same mean `rate`) |
 //! | `agentic` | `groups=8,users=20,turns=10,system=6000,question=300,tool=2000,output=60,session_rate=0.5,think=1` | agentic tool loops ([`super::agentic`]): long, growing contexts |
 //! | `rag` | `docs=8,doc=6000,k=2,zipf=1,system=400,question=150,output=200,users=700,turns=3,session_rate=4,think=8` | many users sharing a few long documents ([`super::rag`]) |
+//! | `mix` | no options: the five specs of [`MIX`] | one fleet serving several applications at once (a chat app, single prompts, RAG, document Q&A, an agent), each seeded apart: what a rule's per-proxy judgements (which preambles converse, which are cold) meet in production |
 //!
 //! Keys: `groups`, `prompts` (per group), `system`, `question`, `output`,
 //! `rate` (requests/s, Poisson), `zipf` (exponent; 0 = every group gets
@@ -69,7 +70,21 @@ pub enum SynthKind {
     MultiTurn,
     Agentic,
     Rag,
+    /// Several applications on one fleet ([`MIX`]).
+    Mix,
 }
+
+/// `mix`: the applications of one fleet, side by side, each its own
+/// workload (seeded apart) over about 200 s: a chat app (2 system prompts),
+/// a single-prompt app (40 shared prompts), RAG over 8 documents,
+/// questions about 100 documents, and an agent.
+pub const MIX: [&str; 5] = [
+    "multi-turn:groups=2,users=150,session_rate=1.5",
+    "shared-prefix:groups=40,prompts=10,rate=2,output=300",
+    "rag:users=400,session_rate=2",
+    "doc-qa:groups=100,users=2,session_rate=1",
+    "agentic:users=8,session_rate=0.32",
+];
 
 impl Spec {
     /// Parse `NAME[:k=v,...]`.
@@ -148,6 +163,15 @@ impl Spec {
                 spec.session_rate = 0.5;
                 spec.think = 1.0;
             }
+            "mix" => {
+                if !rest.is_empty() {
+                    return Err(WorkloadError::new(format!(
+                        "synthetic workload mix takes no options (got {rest:?}): it is {}",
+                        MIX.join(" + ")
+                    )));
+                }
+                spec.kind = SynthKind::Mix;
+            }
             "rag" => {
                 spec.kind = SynthKind::Rag;
                 spec.zipf = 1.0;
@@ -161,7 +185,7 @@ impl Spec {
             }
             other => {
                 return Err(WorkloadError::new(format!(
-                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn, doc-qa, bursty, agentic, rag"
+                    "unknown synthetic workload {other:?}; one of shared-prefix, shared-prefix-long-q, zipf, long-context, multi-turn, doc-qa, bursty, agentic, rag, mix"
                 )))
             }
         }
@@ -309,6 +333,24 @@ pub(super) fn push_chat_session(
 
 /// Build the workload.
 pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
+    if spec.kind == SynthKind::Mix {
+        let mut wl = Workload::new(
+            format!("synthetic:{}", spec.text),
+            seed,
+            block_tokens,
+            Vec::new(),
+            Vec::new(),
+            Vec::new(),
+        );
+        for (i, part) in MIX.iter().enumerate() {
+            // The parts are fixed specs, parsed by the test below.
+            if let Ok(p) = Spec::parse(part) {
+                wl.append(build(&p, seed2(seed, i as u64 + 1), block_tokens));
+            }
+        }
+        wl.sort_sessions();
+        return wl;
+    }
     let mut rng = crate::rng::rng(seed_str(seed, &format!("synthetic:{}", spec.text)));
     let mut wl = Workload::new(
         format!("synthetic:{}", spec.text),
@@ -364,6 +406,7 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
         }
         SynthKind::Agentic => super::agentic::build(spec, seed, block_tokens, &mut wl, &mut rng),
         SynthKind::Rag => super::rag::build(spec, seed, block_tokens, &mut wl, &mut rng),
+        SynthKind::Mix => {}
         SynthKind::MultiTurn => {
             let n = spec.groups * spec.users;
             let mut t = 0.0;
