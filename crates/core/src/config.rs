@@ -178,12 +178,13 @@ pub struct RawLoad {
     /// Allowed: 1..=3600000.
     #[serde(default = "d_ttl")]
     pub report_ttl_ms: u64,
-    /// A report's waiting count weighs `1 - age / report_fade_ms` (in the
-    /// bound's load rounded up to whole requests, in the priced spill's
-    /// queue a fraction; the running count holds until `report_ttl_ms`), so a busy queue fades as its requests are admitted
-    /// instead of pricing a replica out, and marking it hot, for the whole
-    /// TTL while it sends no fresh report. 0: full weight until
-    /// `report_ttl_ms` ([`crate::load::Freshness`]).
+    /// A report's waiting count weighs `1 - age / report_fade_ms` as the
+    /// queue a request would wait in, so a busy queue fades as its
+    /// requests are admitted instead of pricing a replica out, and marking
+    /// it hot, for the whole TTL while it sends no fresh report. In the
+    /// bound's load the report's waiting and running requests hold until
+    /// `report_ttl_ms` (admitted requests stay in the replica). 0: full
+    /// weight until `report_ttl_ms` ([`crate::load::Freshness`]).
     /// Allowed: 0..=3600000.
     #[serde(default = "d_fade")]
     pub report_fade_ms: u64,

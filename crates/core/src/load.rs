@@ -5,10 +5,12 @@
 //! `load_h = inflight_h + others_h` ([`HostLoad::effective`]) where
 //! `inflight_h` counts the requests this proxy (all its worker threads) has
 //! routed to `h` and not yet finished, and `others_h` is what the replica's
-//! last report (if younger than `report_ttl_ms`; its waiting part weighted
-//! down by its age over `report_fade_ms`, [`Freshness`]) counts beyond this proxy's
+//! last report (if younger than `report_ttl_ms`) counts beyond this proxy's
 //! own requests at the time of the report: waiting + running requests that
-//! other proxies or clients sent ([`HostLoad::others`]). With one proxy and
+//! other proxies or clients sent ([`HostLoad::others`]). Unlike the queue
+//! a request would wait in, which fades with the report's age
+//! ([`Freshness`]), this count does not fade: admitted requests stay in
+//! the replica until they finish. With one proxy and
 //! no other clients this is exactly the in-flight count; with several, the
 //! fleet's. One notion of load feeds the bound, so the ring's guarantee
 //! (some host is always under capacity) still holds.
@@ -71,8 +73,10 @@ pub struct Report {
 /// proxy stops sending to. Its waiting requests are admitted within about
 /// a prefill's time, so a busy queue goes stale in a second or two; fading
 /// lets it expire at that pace instead of pricing the replica out (and
-/// marking it hot) for the whole TTL. Running requests decode for seconds,
-/// so the running count holds until the TTL.
+/// marking it hot) for the whole TTL. Only the queue fades: in the
+/// bound's load ([`HostLoad::others`]) waiting and running requests hold
+/// until the TTL, as admitted requests stay in the replica until they
+/// finish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Freshness {
     /// Reports older than this count 0.
@@ -196,9 +200,10 @@ impl HostLoad {
     /// (0 without a fresh report). Subtracting the proxy's own count as of
     /// the report, not as of now, keeps a report that lags behind this
     /// proxy's own requests from counting them twice or after they ended.
-    /// The waiting part fades with the report's age as
-    /// [`HostLoad::reported`] does ([`Freshness`]); the running part
-    /// counts until the TTL.
+    /// Waiting and running alike count at full weight until the TTL: an
+    /// admitted request does not leave the replica, it decodes there, so
+    /// the replica's load falls only as requests finish. (Only the queue
+    /// a request would wait in fades, [`HostLoad::reported_queue`].)
     pub fn others(&self, now_ms: u64, f: Freshness) -> u64 {
         match self.report {
             Some(r) => {
@@ -208,10 +213,7 @@ impl HostLoad {
                 }
                 let t = r.queue.max(0.0) + r.running.max(0.0);
                 // `as` saturates (and maps NaN to 0).
-                let others = (t.ceil() as u64).saturating_sub(r.own);
-                let waiting = r.queue.max(0.0).ceil() as u64;
-                let faded = waiting.saturating_sub(f.scale(waiting, age));
-                others.saturating_sub(faded)
+                (t.ceil() as u64).saturating_sub(r.own)
             }
             _ => 0,
         }
@@ -563,31 +565,29 @@ mod tests {
         assert_eq!(long.weight(1_000), 0.75);
         assert_eq!(long.weight(1_001), 0.0);
         // 3 waiting + 5 running reported with 2 of this proxy's requests in
-        // the replica: 6 others' while fresh. The waiting 3 fade (rounded
-        // up), the running ones count until the TTL.
+        // the replica: 6 others'. The waiting 3 fade (rounded up) as a
+        // queue; in the bound's load all 6 count until the TTL (admitted
+        // requests stay in the replica).
         let l = reported(4, 3.0, 5.0, 2, 1_000);
         assert_eq!(l.others(1_000, f), 6);
         assert_eq!(l.reported(1_000, f), 3);
         assert_eq!(l.effective(1_000, f), 10);
         assert_eq!(l.reported(1_500, f), 3); // 3 x 0.75 = 2.25
-        assert_eq!(l.others(1_500, f), 6);
         assert_eq!(l.reported(2_000, f), 2); // 3 x 0.5
-        assert_eq!(l.others(2_000, f), 5);
         assert_eq!(l.reported(2_900, f), 1); // 3 x 0.05 = 0.15
-        assert_eq!(l.others(2_900, f), 4);
         assert_eq!(l.reported(3_000, f), 0);
-        // The queue faded out: the running 5 less this proxy's 2 remain...
-        assert_eq!(l.others(3_000, f), 3);
-        assert_eq!(l.effective(3_000, f), 7);
-        assert_eq!(l.others(11_000, f), 3);
-        // ...until the TTL.
+        for at in [1_500, 2_000, 2_900, 3_000, 11_000] {
+            assert_eq!(l.others(at, f), 6, "at {at} ms");
+            assert_eq!(l.effective(at, f), 10, "at {at} ms");
+        }
+        // Past the TTL, nothing.
         assert_eq!(l.others(11_001, f), 0);
         assert_eq!(l.effective(11_001, f), 4);
-        // When this proxy's own requests were most of the report, the
-        // faded queue takes nothing below 0.
+        // When this proxy's own requests were most of the report, nothing
+        // below 0.
         let mine = reported(3, 3.0, 1.0, 3, 0);
         assert_eq!(mine.others(0, f), 1);
-        assert_eq!(mine.others(2_000, f), 0);
+        assert_eq!(mine.others(2_000, f), 1);
         // A report from the future (clock skew between workers) is fresh.
         assert_eq!(l.others(0, f), 6);
         // Huge counts saturate instead of wrapping.

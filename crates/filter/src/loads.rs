@@ -242,6 +242,6 @@ pub fn reports_configured(cfg: &prefix_router_core::Config) -> bool {
 }
 
 /// How often a VM refreshes [`State::others`] (ms): reports are snapshots
-/// already, and their waiting part fades over `load.report_fade_ms`
-/// (2,000 by default).
+/// already, and what they count beyond this proxy's own changes only with
+/// a new report or at `load.report_ttl_ms` (10,000 by default).
 pub const OTHERS_REFRESH_MS: u64 = 100;
