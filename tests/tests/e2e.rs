@@ -2071,37 +2071,52 @@ fn capacity_horizon_follows_the_replicas_lru() {
 //     here faked by the backend's `extra_running`) count in the bound, so keyed traffic leaves
 //     a replica that is full of someone else's work even though nothing waits there and this
 //     Envoy has nothing in flight. With `load.orca_running_metrics: []` (the running count not
-//     read) the same keys stay: the running count is what moves them.
+//     read) the same keys stay: the running count is what moves them. Reported waiting requests
+//     count there too, and do not fade with the queue (`load.report_fade_ms`): admitted, they
+//     stay in the replica, so past the fade (300 ms here) the keys still leave by the bound.
 #[test]
 #[ignore = "end-to-end: needs Envoy, the .wasm and the backend (./build.sh test runs it)"]
 fn reported_running_requests_count_in_the_bound() {
     let _g = serial();
-    let run = |label: &str, patch: serde_json::Value| -> (usize, usize, String) {
+    // `waiting`: the 40 are reported waiting, and the keys are sent once the queue has faded.
+    let run = |label: &str, patch: serde_json::Value, waiting: bool| -> (usize, usize, String) {
         let lab = lab(label, EnvoyMode::PrefixRouter, FilterConfig::Patched(patch));
         let agent = http::agent(Duration::from_secs(30));
         let keys: Vec<String> = (0..16)
             .map(|i| format!("Running-load test conversation {i}: summarize ticket {i}."))
             .collect();
         let (_, busy, on_busy) = warm_up(&agent, &lab, &keys);
-        ok(ok(lab.backend(&busy)).set_extra_running(40));
+        let backend = ok(lab.backend(&busy));
+        ok(if waiting {
+            backend.set_extra_waiting(40)
+        } else {
+            backend.set_extra_running(40)
+        });
         // One request to the busy replica brings its (ORCA) report back to the filter.
         let refresh = chat(&agent, &lab, &keys[0]);
         assert!(refresh.ok(), "refresh request failed: {refresh:?}");
         let mut stayed = 0;
+        let mut why = Vec::new();
         for k in &on_busy {
+            if waiting {
+                // Past the fade, also of a report a key that stayed brought back.
+                std::thread::sleep(Duration::from_millis(600));
+            }
             let r = chat(&agent, &lab, k);
             assert!(r.ok(), "request failed: {r:?}");
             if r.backend.as_deref() == Some(busy.as_str()) {
                 stayed += 1;
             }
+            why.push(r.decision.unwrap_or_default());
         }
         eprintln!(
-            "{label}: {busy} holds {} of 16 keys; {stayed} stayed with 40 running reported",
-            on_busy.len()
+            "{label}: {busy} holds {} of 16 keys; {stayed} stayed with 40 {} reported; {why:?}",
+            on_busy.len(),
+            if waiting { "waiting" } else { "running" }
         );
         (on_busy.len(), stayed, prefix_router_metrics(&lab))
     };
-    let (n, stayed, metrics) = run("e2e-running", json!({}));
+    let (n, stayed, metrics) = run("e2e-running", json!({}), false);
     assert!(n >= 2, "too few keys on one replica to test ({n})");
     assert_eq!(
         stayed, 0,
@@ -2110,10 +2125,24 @@ fn reported_running_requests_count_in_the_bound() {
     let (n_off, stayed_off, metrics_off) = run(
         "e2e-running-off",
         json!({"load": {"orca_running_metrics": []}}),
+        false,
     );
     assert_eq!(
         stayed_off, n_off,
         "without the running count the keys should have stayed\n{metrics_off}"
+    );
+    let (n_wait, stayed_wait, metrics_wait) = run(
+        "e2e-waiting",
+        json!({"load": {"report_fade_ms": 300}}),
+        true,
+    );
+    assert!(
+        n_wait >= 2,
+        "too few keys on one replica to test ({n_wait})"
+    );
+    assert_eq!(
+        stayed_wait, 0,
+        "keys stayed on a replica reporting 40 waiting requests once its queue had faded\n{metrics_wait}"
     );
 }
 
