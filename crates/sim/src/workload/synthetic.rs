@@ -333,25 +333,6 @@ pub(super) fn push_chat_session(
 
 /// Build the workload.
 pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
-    if spec.kind == SynthKind::Mix {
-        let mut wl = Workload::new(
-            format!("synthetic:{}", spec.text),
-            seed,
-            block_tokens,
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-        );
-        for (i, part) in MIX.iter().enumerate() {
-            // The parts are fixed specs, parsed by the test below.
-            if let Ok(p) = Spec::parse(part) {
-                wl.append(build(&p, seed2(seed, i as u64 + 1), block_tokens));
-            }
-        }
-        wl.sort_sessions();
-        return wl;
-    }
-    let mut rng = crate::rng::rng(seed_str(seed, &format!("synthetic:{}", spec.text)));
     let mut wl = Workload::new(
         format!("synthetic:{}", spec.text),
         seed,
@@ -360,6 +341,18 @@ pub fn build(spec: &Spec, seed: u64, block_tokens: u32) -> Workload {
         Vec::new(),
         Vec::new(),
     );
+    if spec.kind == SynthKind::Mix {
+        for (i, part) in MIX.iter().enumerate() {
+            // Fixed specs (the suite test `mix_interleaves_its_applications_by_start_time`
+            // builds each).
+            if let Ok(p) = Spec::parse(part) {
+                wl.append(build(&p, seed2(seed, i as u64 + 1), block_tokens));
+            }
+        }
+        wl.sort_sessions();
+        return wl;
+    }
+    let mut rng = crate::rng::rng(seed_str(seed, &format!("synthetic:{}", spec.text)));
     let sys = |g: usize| Text::Gen {
         key: seed2(seed ^ SYS, g as u64),
         len: spec.system * 4,
