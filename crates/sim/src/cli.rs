@@ -130,7 +130,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "F", value_parser = parse_format, help_heading = "Workload")]
     pub format: Option<Format>,
     /// shared-prefix | shared-prefix-long-q | zipf | long-context | multi-turn |
-    /// doc-qa | bursty | agentic | rag, with options NAME:key=value,... (see README)
+    /// doc-qa | bursty | agentic | rag | mix, with options NAME:key=value,... (see README)
     #[arg(long, value_name = "SPEC", help_heading = "Workload")]
     pub synthetic: Option<String>,
     /// First N requests (trace) / sessions (synthetic); 0 = all

@@ -550,6 +550,7 @@ impl Workload {
             }
         }
     }
+
     /// Append `other`'s sessions, requests and conversations (their indices
     /// shifted past this workload's), keeping its prompts as built.
     pub(crate) fn append(&mut self, other: Workload) {

@@ -75,7 +75,7 @@ pub enum SynthKind {
 }
 
 /// `mix`: the applications of one fleet, side by side, each its own
-/// workload (seeded apart) over about 200 s: a chat app (2 system prompts),
+/// workload (seeded apart) over about 220 s: a chat app (2 system prompts),
 /// a single-prompt app (40 shared prompts), RAG over 8 documents,
 /// questions about 100 documents, and an agent.
 pub const MIX: [&str; 5] = [
