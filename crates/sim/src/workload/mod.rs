@@ -579,25 +579,18 @@ impl Workload {
     /// session: appended workloads interleave, and `--limit` keeps the
     /// first sessions to start.
     pub(crate) fn sort_sessions(&mut self) {
-        let mut order: Vec<usize> = (0..self.sessions.len()).collect();
-        order.sort_by(|&a, &b| {
-            let t = |i: usize| self.sessions.get(i).map_or(0.0, |s| s.start);
-            t(a).total_cmp(&t(b))
-        });
-        let mut new_of = vec![0u32; order.len()];
-        for (new, &old) in order.iter().enumerate() {
-            if let Some(n) = new_of.get_mut(old) {
+        let mut v: Vec<(usize, Session)> = std::mem::take(&mut self.sessions)
+            .into_iter()
+            .enumerate()
+            .collect();
+        v.sort_by(|a, b| a.1.start.total_cmp(&b.1.start));
+        let mut new_of = vec![0u32; v.len()];
+        for (new, (old, _)) in v.iter().enumerate() {
+            if let Some(n) = new_of.get_mut(*old) {
                 *n = new as u32;
             }
         }
-        let mut old: Vec<Option<Session>> = std::mem::take(&mut self.sessions)
-            .into_iter()
-            .map(Some)
-            .collect();
-        self.sessions = order
-            .iter()
-            .filter_map(|&i| old.get_mut(i).and_then(Option::take))
-            .collect();
+        self.sessions = v.into_iter().map(|(_, s)| s).collect();
         for r in &mut self.requests {
             if let Some(&n) = new_of.get(r.session as usize) {
                 r.session = n;
