@@ -49,27 +49,13 @@ pub fn decode_u64(v: Option<&[u8]>) -> u64 {
 /// (`None` if absent) and returns the value to write (`None`: write
 /// nothing) and the result. A concurrent writer makes `f` run again on the
 /// newer value, so no update is lost.
-pub fn cas_update<S, T, B, F>(store: &S, key: &str, mut f: F) -> Result<T, StoreError>
+pub fn cas_update<S, T, B, F>(store: &S, key: &str, f: F) -> Result<T, StoreError>
 where
     S: SharedStore + ?Sized,
     B: AsRef<[u8]>,
     F: FnMut(Option<&[u8]>) -> (Option<B>, T),
 {
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(key)?;
-        let (write, out) = f(v.as_deref());
-        let Some(bytes) = write else {
-            return Ok(out);
-        };
-        match store.set(key, bytes.as_ref(), cas) {
-            Ok(()) => return Ok(out),
-            Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(StoreError::Other(
-        "compare-and-swap retries exhausted".into(),
-    ))
+    cas_update_from(store, key, None, f)
 }
 
 /// A value as read from a [`SharedStore`] with its CAS token, kept so
@@ -99,22 +85,64 @@ where
     B: AsRef<[u8]>,
     F: FnMut(Option<&[u8]>) -> (Option<B>, T),
 {
+    let mut out = None;
+    cas_loop(store, key, first, &mut |v, buf| {
+        let (write, o) = f(v);
+        out = Some(o);
+        let Some(bytes) = write else {
+            return false;
+        };
+        buf.clear();
+        buf.extend_from_slice(bytes.as_ref());
+        true
+    })?;
+    // `f` ran before any `Ok`.
+    out.ok_or(StoreError::CasMismatch)
+}
+
+/// An update as [`cas_loop`] runs it: the current value in, the new one
+/// written into the buffer, and whether to write it.
+type Update<'a> = dyn FnMut(Option<&[u8]>, &mut Vec<u8>) -> bool + 'a;
+
+/// The one retry loop behind [`cas_update_from`], whatever the update:
+/// `f` writes the new value into the buffer and says whether to write it.
+/// (Generic in the update, the loop's copy per caller cost the .wasm
+/// about 3 KB.)
+fn cas_loop<S: SharedStore + ?Sized>(
+    store: &S,
+    key: &str,
+    first: Option<Snapshot>,
+    f: &mut Update<'_>,
+) -> Result<(), StoreError> {
+    let mut buf = Vec::new();
     if let Some(Snapshot {
         value,
         cas: Some(cas),
     }) = first
     {
-        let (write, out) = f(value.as_deref());
-        let Some(bytes) = write else {
-            return Ok(out);
-        };
-        match store.set(key, bytes.as_ref(), Some(cas)) {
-            Ok(()) => return Ok(out),
+        if !f(value.as_deref(), &mut buf) {
+            return Ok(());
+        }
+        match store.set(key, &buf, Some(cas)) {
+            Ok(()) => return Ok(()),
             Err(StoreError::CasMismatch) => {}
             Err(e) => return Err(e),
         }
     }
-    cas_update(store, key, f)
+    for _ in 0..CAS_RETRIES {
+        let (v, cas) = store.get(key)?;
+        if !f(v.as_deref(), &mut buf) {
+            return Ok(());
+        }
+        match store.set(key, &buf, cas) {
+            Ok(()) => return Ok(()),
+            Err(StoreError::CasMismatch) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Other(
+        "compare-and-swap retries exhausted".into(),
+    ))
 }
 
 /// Add `delta` to the u64 counter under `key` (saturating at 0) with a
