@@ -221,13 +221,6 @@ pub struct SpillNote {
     pub reported: bool,
     /// `held_s`, milliseconds: re-prefilling the prompt elsewhere.
     pub held_ms: u32,
-    /// The chosen host took this walk's overflow from this proxy before
-    /// ([`crate::spill::Preambles::overflow`]): priced as holding the
-    /// prompt, with no re-prefill.
-    pub overflow: bool,
-    /// The key whose ring walk gave the candidates (the group's or the
-    /// key's), under which [`Router::observed`] records an overflow.
-    pub walk: u64,
     /// Under an application preamble ([`Key::preamble_group`]), which walk
     /// its rule gave: `cold` (the group's: a preamble with little of the
     /// traffic, [`crate::spill::Preambles::cold`]), `owner` (the group's: a
@@ -312,9 +305,6 @@ impl Decision {
                         s.push_str(";report=none");
                     }
                     let _ = write!(s, ";held_ms={}", n.held_ms);
-                    if n.overflow {
-                        s.push_str(";overflow=1");
-                    }
                     if let Some(p) = n.preamble {
                         let _ = write!(s, ";preamble={p}");
                     }
@@ -659,11 +649,8 @@ impl Router {
     /// Count a decision in this proxy's [`crate::spill::Preambles`]
     /// (routed requests only).
     pub fn observed(&self, p: &mut crate::spill::Preambles, d: &Decision) {
-        if let Decision::Routed { host, spill, .. } = d {
+        if matches!(d, Decision::Routed { .. }) {
             p.observe(d.preamble_turn());
-            if let Some(n) = spill.filter(|n| n.owner != *host) {
-                p.sent_overflow(n.walk, *host);
-            }
         }
     }
 
@@ -776,16 +763,7 @@ impl Router {
                     && req
                         .preambles
                         .is_some_and(|p| p.cold(key.group, self.preamble_limit()));
-                // Where this proxy sent the first-turn walk's overflow
-                // (the key's walk under a preamble seen to converse, as in
-                // `place_spill`).
-                let walk = if key.preamble_group && !cold && converses {
-                    key.hash
-                } else {
-                    key.group
-                };
-                let held_at = req.preambles.and_then(|p| p.overflow(walk));
-                self.place_spill(key, converses, cold, held_at, v)
+                self.place_spill(key, converses, cold, v)
             } else {
                 self.place_ring(key, v)
             }
@@ -858,16 +836,8 @@ impl Router {
     }
 
     /// The priced spill ([`crate::spill`]). `converses`: the key's group
-    /// is an application preamble this proxy saw carry later turns;
-    /// `held_at`: where this proxy sent a first turn's walk's overflow.
-    fn place_spill(
-        &self,
-        key: Key,
-        converses: bool,
-        cold: bool,
-        held_at: Option<usize>,
-        v: &View<'_>,
-    ) -> Option<Decision> {
+    /// is an application preamble this proxy saw carry later turns.
+    fn place_spill(&self, key: Key, converses: bool, cold: bool, v: &View<'_>) -> Option<Decision> {
         let fresh = self.cfg.load.freshness();
         // A later turn: a session or user key, or a conversation key whose
         // prompt goes on past the first user message.
@@ -910,7 +880,6 @@ impl Router {
             // the preamble is held.
             group: (!by_key).then_some(key.group),
             first_turn,
-            held_at,
         };
         let pl = crate::spill::place_by(&self.ring, key.hash, &self.bound(), &hosts, &x)?;
         Some(Decision::Routed {
@@ -929,8 +898,6 @@ impl Router {
                 wait_ms: pl.wait_ms,
                 reported: v.load(pl.owner).reported_queue(v.now_ms, fresh).is_some(),
                 held_ms: crate::spill::ms(held_s),
-                overflow: pl.overflow,
-                walk: if by_key { key.hash } else { key.group },
                 preamble: key.preamble_group.then_some(match (cold, by_key) {
                     (true, _) => "cold",
                     (false, true) => "key",
@@ -2205,8 +2172,6 @@ mod tests {
             wait_ms: Some((1500, 0)),
             reported: true,
             held_ms: 125,
-            overflow: false,
-            walk: 0xab,
             preamble: None,
         };
         assert_eq!(
@@ -2220,8 +2185,6 @@ mod tests {
             wait_ms: None,
             reported: false,
             held_ms: 40,
-            overflow: false,
-            walk: 0xab,
             preamble: None,
         };
         assert_eq!(
@@ -2235,13 +2198,6 @@ mod tests {
         assert!(with(d, cold)
             .describe(r.config())
             .ends_with(";report=none;held_ms=40;preamble=cold"));
-        let held = SpillNote {
-            overflow: true,
-            ..priced
-        };
-        assert!(with(d, held)
-            .describe(r.config())
-            .ends_with(";wait_ms=1500/0;held_ms=125;overflow=1"));
     }
 
     #[test]

@@ -174,9 +174,6 @@ pub struct Placed {
     /// chosen host (`None`: no fresh report for `o`, or bounded loads
     /// along the whole walk decided).
     pub wait_ms: Option<(u32, u32)>,
-    /// The chosen host is a candidate this proxy sent the walk's overflow
-    /// to ([`Rule::held_at`]), priced as holding the prompt.
-    pub overflow: bool,
 }
 
 /// Slots of [`Preambles`].
@@ -231,9 +228,6 @@ pub struct Preambles {
     /// The decayed count of every routed request, and how many were seen.
     total: f64,
     tick: u64,
-    /// Where this proxy last sent each walk's overflow
-    /// ([`Preambles::overflow`]): a third direct-mapped table, 32 KiB.
-    went: Vec<u64>,
 }
 
 /// A slot of [`Preambles`]' share table: a group, its decayed request
@@ -272,7 +266,6 @@ impl Default for Preambles {
             shares: vec![Share::default(); PREAMBLE_SLOTS],
             total: 0.0,
             tick: 0,
-            went: vec![0; PREAMBLE_SLOTS],
         }
     }
 }
@@ -361,30 +354,6 @@ impl Preambles {
         count < limit * self.total.max(1.5 / limit)
     }
 
-    /// Count that this proxy sent a request of walk key `walk` (the group's,
-    /// or the key's: [`Rule::group`]) to `host`, off the walk's owner: the
-    /// host now holds what the owner is presumed to hold.
-    pub fn sent_overflow(&mut self, walk: u64, host: usize) {
-        let (i, _) = Self::slot(walk);
-        if let (Some(s), Ok(h)) = (self.went.get_mut(i), u16::try_from(host)) {
-            // The walk key's top 24 bits, the host, the tick's low 24 bits.
-            *s = (walk >> 40) << 40 | u64::from(h) << 24 | (self.tick & 0xff_ffff);
-        }
-    }
-
-    /// The host this proxy last sent walk key `walk`'s overflow to, within
-    /// its last [`SHARE_HORIZON`] routed requests (a replica's cache keeps
-    /// a prefix for about as long as recent traffic does not push it out;
-    /// older, the record is forgotten).
-    pub fn overflow(&self, walk: u64) -> Option<usize> {
-        let (i, _) = Self::slot(walk);
-        let s = *self.went.get(i)?;
-        let age = self.tick.wrapping_sub(s) & 0xff_ffff;
-        // `as` is exact: both are under 2^24.
-        (s != 0 && s >> 40 == walk >> 40 && (age as f64) < SHARE_HORIZON)
-            .then_some((s >> 24 & 0xffff) as usize)
-    }
-
     /// Whether a first turn under this group opens at its key's owner:
     /// the group was seen to converse, or at least half the recent first
     /// turns under groups not seen yet opened a conversation.
@@ -466,11 +435,6 @@ pub struct Rule {
     pub group: Option<u64>,
     /// [`Inputs::first_turn`].
     pub first_turn: bool,
-    /// The candidate this proxy last sent the walk's overflow to
-    /// ([`Preambles::overflow`]): it holds what the owner is presumed to
-    /// hold, so a first turn moving there pays no re-prefill (a later turn
-    /// does not read it).
-    pub held_at: Option<usize>,
 }
 
 /// The candidate order: the ring walk of the group key (the key's when the
@@ -516,7 +480,6 @@ fn bounded(ring: &Ring, key: u64, bound: &Bound, x: &Hosts<'_>, owner: usize) ->
             why: Why::Bound,
             owner,
             wait_ms: None,
-            overflow: false,
         })
 }
 
@@ -579,7 +542,6 @@ pub fn place(ring: &Ring, key: u64, bound: &Bound, x: &Inputs<'_>) -> Option<Pla
         service_s: x.service_s,
         group: x.group,
         first_turn: x.first_turn,
-        held_at: None,
     };
     place_by(ring, key, bound, &hosts, &rule)
 }
@@ -613,7 +575,6 @@ pub fn place_by(
                 why: Why::Owner,
                 owner,
                 wait_ms: None,
-                overflow: false,
             })
         }
         // A first turn: nothing can move the conversation's later turns
@@ -629,7 +590,6 @@ pub fn place_by(
                     why: Why::Bound,
                     owner,
                     wait_ms: None,
-                    overflow: false,
                 })
             }
             None => return bounded(ring, key, bound, hosts, owner),
@@ -649,7 +609,6 @@ pub fn place_by(
             why: Why::Owner,
             owner,
             wait_ms: Some((ms(w_o), ms(w_o))),
-            overflow: false,
         });
     }
     // Only a first turn is priced as over its bound: a later turn over it
@@ -657,10 +616,6 @@ pub fn place_by(
     // load is partly this proxy's own in-flight count, which another proxy
     // does not see).
     let over = owner_over && x.first_turn;
-    // A candidate that took the walk's overflow from this proxy holds the
-    // prompt as the owner does: a first turn moving there re-prefills
-    // nothing.
-    let held_at = |j: usize| x.first_turn && x.held_at == Some(j);
     // (host, rank, net saving, its wait)
     let mut best: Option<(usize, u32, f64, f64)> = None;
     let mut any_under = false;
@@ -671,15 +626,14 @@ pub fn place_by(
         any_under = true;
         let q = queue(j).unwrap_or(0.0).max(0.0);
         let saved = w_o - q * x.service_s;
-        let held_s = if held_at(j) { 0.0 } else { x.held_s };
         // Over its bound the owner gives way unless the miss's delay to
         // those queued at `j` outweighs the wait saved; under it, the wait
         // saved must also pay this request's own re-prefill.
         let (net, ok) = if over {
-            let net = saved - held_s * q * u;
+            let net = saved - x.held_s * q * u;
             (net, net >= 0.0)
         } else {
-            let net = saved - held_s * (1.0 + q) * u;
+            let net = saved - x.held_s * (1.0 + q) * u;
             (net, net > 0.0)
         };
         if ok && best.is_none_or(|b| net > b.2) {
@@ -713,7 +667,6 @@ pub fn place_by(
         rank: best.1,
         owner,
         wait_ms: Some((ms(w_o), ms(best.3))),
-        overflow: best.0 != owner && held_at(best.0) && cands.iter().any(|&(c, _)| c == best.0),
         why: match (best.0 == owner, over) {
             (true, _) => Why::Owner,
             (false, false) => Why::Priced,
@@ -851,77 +804,6 @@ mod tests {
         q[w[0]] = Some(3.0);
         let p = place(&r, key, &bound(), &inputs(&loads, &q, &el, 0.1)).unwrap();
         assert_eq!((p.host, p.why), (w[1], Why::Priced));
-    }
-
-    #[test]
-    fn a_first_turn_prices_the_candidate_that_took_its_overflow_as_holding_it() {
-        let r = ring(4);
-        let key = 7;
-        let w = order(&r, key);
-        let loads = [1u64; 4];
-        // 3 queued at the owner (1.5 s), 1 at the others (0.5 s): the 1 s
-        // saved does not pay re-prefilling 2 s at an ordinary candidate.
-        let mut q = [Some(1.0); 4];
-        q[w[0]] = Some(3.0);
-        let hosts = Hosts {
-            total: loads.iter().sum(),
-            load: &|h| loads[h],
-            queue: &|h| q[h],
-            own: &|_| 0.0,
-            eligible: &|_| true,
-        };
-        let rule = |held_at, first_turn| Rule {
-            held_s: 2.0,
-            service_s: 0.5,
-            group: None,
-            first_turn,
-            held_at,
-        };
-        let p = place_by(&r, key, &bound(), &hosts, &rule(None, true)).unwrap();
-        assert_eq!((p.host, p.why, p.overflow), (w[0], Why::Owner, false));
-        // The third candidate took this walk's overflow from this proxy:
-        // it holds the prompt, so the wait saved alone decides.
-        let p = place_by(&r, key, &bound(), &hosts, &rule(Some(w[2]), true)).unwrap();
-        assert_eq!((p.host, p.why, p.overflow), (w[2], Why::Priced, true));
-        // A later turn does not read this proxy's memory: it stays.
-        let p = place_by(&r, key, &bound(), &hosts, &rule(Some(w[2]), false)).unwrap();
-        assert_eq!((p.host, p.why, p.overflow), (w[0], Why::Owner, false));
-        // No wait saved there: the owner keeps it.
-        let mut q = [Some(3.0); 4];
-        q[w[0]] = Some(3.0);
-        let hosts = Hosts {
-            queue: &|h| q[h],
-            ..hosts
-        };
-        let p = place_by(&r, key, &bound(), &hosts, &rule(Some(w[2]), true)).unwrap();
-        assert_eq!((p.host, p.why), (w[0], Why::Owner));
-    }
-
-    #[test]
-    fn a_proxy_remembers_where_a_walk_overflowed_for_a_share_horizon() {
-        let mut p = Preambles::default();
-        let walk = 0x1234_5678_9abc_def0;
-        assert_eq!(p.overflow(walk), None);
-        p.observe(None);
-        p.sent_overflow(walk, 3);
-        assert_eq!(p.overflow(walk), Some(3));
-        // Another walk key in the same slot is not taken for it.
-        let other = walk ^ (1 << 50);
-        assert_eq!(p.overflow(other), None);
-        p.sent_overflow(other, 5);
-        assert_eq!((p.overflow(walk), p.overflow(other)), (None, Some(5)));
-        // Forgotten after SHARE_HORIZON routed requests.
-        p.sent_overflow(walk, 2);
-        for _ in 0..SHARE_HORIZON as usize - 1 {
-            p.observe(None);
-        }
-        assert_eq!(p.overflow(walk), Some(2));
-        p.observe(None);
-        assert_eq!(p.overflow(walk), None);
-        // A host number past 16 bits is not recorded: the last record stands.
-        p.sent_overflow(walk, 4);
-        p.sent_overflow(walk, 1 << 16);
-        assert_eq!(p.overflow(walk), Some(4));
     }
 
     #[test]
