@@ -252,9 +252,11 @@ pub struct RawCost {
     /// first candidate keeps a
     /// request unless the wait saved (replica-reported queues x
     /// `service_s`) pays re-prefilling the prompt there and the delay that
-    /// adds to the requests queued there; no per-proxy state, so every
-    /// proxy decides alike. `index`: the index rule ([`crate::cost`]):
-    /// estimated TTFT over the owner and its successors under the bound,
+    /// adds to the requests queued there; a conversation's later turns
+    /// read nothing a proxy learns but a preamble's share of its traffic,
+    /// so every proxy places them alike; what else a proxy learns (which
+    /// preambles converse) moves first turns only. `index`: the index rule
+    /// ([`crate::cost`]): estimated TTFT over the owner and its successors under the bound,
     /// with this proxy's learned prefix index (and `gossip`). `off`: plain
     /// bounded loads.
     /// Allowed: `"spill"`, `"index"`, `"off"`.
