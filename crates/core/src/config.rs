@@ -256,9 +256,9 @@ pub struct RawCost {
     /// read nothing a proxy learns but a preamble's share of its traffic,
     /// so every proxy places them alike; what else a proxy learns (which
     /// preambles converse) moves first turns only. `index`: the index rule
-    /// ([`crate::cost`]): estimated TTFT over the owner and its successors under the bound,
-    /// with this proxy's learned prefix index (and `gossip`). `off`: plain
-    /// bounded loads.
+    /// ([`crate::cost`]): estimated TTFT over the owner and its successors
+    /// under the bound, with this proxy's learned prefix index (and
+    /// `gossip`). `off`: plain bounded loads.
     /// Allowed: `"spill"`, `"index"`, `"off"`.
     #[serde(default = "d_cost_mode")]
     pub mode: String,

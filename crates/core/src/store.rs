@@ -115,22 +115,14 @@ fn cas_loop<S: SharedStore + ?Sized>(
     f: &mut Update<'_>,
 ) -> Result<(), StoreError> {
     let mut buf = Vec::new();
-    if let Some(Snapshot {
-        value,
-        cas: Some(cas),
-    }) = first
-    {
-        if !f(value.as_deref(), &mut buf) {
-            return Ok(());
-        }
-        match store.set(key, &buf, Some(cas)) {
-            Ok(()) => return Ok(()),
-            Err(StoreError::CasMismatch) => {}
-            Err(e) => return Err(e),
-        }
-    }
-    for _ in 0..CAS_RETRIES {
-        let (v, cas) = store.get(key)?;
+    // The snapshot, when it has a CAS token, is one attempt more.
+    let mut read = first.and_then(|s| s.cas.map(|c| (s.value, Some(c))));
+    let attempts = CAS_RETRIES + usize::from(read.is_some());
+    for _ in 0..attempts {
+        let (v, cas) = match read.take() {
+            Some(r) => r,
+            None => store.get(key)?,
+        };
         if !f(v.as_deref(), &mut buf) {
             return Ok(());
         }
